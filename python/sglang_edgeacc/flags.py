@@ -1,0 +1,81 @@
+"""EdgeAcc's command-line flags and the typed view every process reads them through.
+
+``ServerArgs`` is a sealed msgspec record: new fields cannot be added. The flags
+are therefore parsed next to upstream's (see ``patches.server_args``) and kept
+on the record as the non-field attribute ``_edge_acc``, which sglang's own
+pickling carries to every spawned child. The value is an :class:`EdgeAccFlags`,
+a frozen dataclass, so no process can change what the launcher decided.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+from typing import Literal, Optional
+
+SmPartition = Literal["mps", "green-context", "none"]
+SM_PARTITION_CHOICES: tuple[str, ...] = ("mps", "green-context", "none")
+
+ATTR = "_edge_acc"
+
+
+@dataclass(frozen=True)
+class EdgeAccFlags:
+    enable_edge_acc: bool = False
+    edge_acc_prefill_sm_percent: int = 80
+    edge_acc_decode_sm_percent: int = 100
+    edge_acc_sm_partition: str = "mps"
+    edge_acc_skip_preflight: bool = False
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace) -> "EdgeAccFlags":
+        return cls(**{f.name: getattr(ns, f.name) for f in fields(cls) if hasattr(ns, f.name)})
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("EdgeAcc (sglang-edgeacc)")
+    group.add_argument(
+        "--enable-edge-acc",
+        "--enable-semi-pd-disagg",
+        dest="enable_edge_acc",
+        action="store_true",
+        help="Intra-GPU prefill/decode disaggregation: run a prefill side and a decode side "
+        "per GPU, sharing weights and KV cache through CUDA IPC.",
+    )
+    group.add_argument(
+        "--edge-acc-prefill-sm-percent",
+        type=int,
+        default=EdgeAccFlags.edge_acc_prefill_sm_percent,
+        metavar="PCT",
+        help="Share of the GPU's SMs the prefill side may use (1-100).",
+    )
+    group.add_argument(
+        "--edge-acc-decode-sm-percent",
+        type=int,
+        default=EdgeAccFlags.edge_acc_decode_sm_percent,
+        metavar="PCT",
+        help="Share of the GPU's SMs the decode side may use (1-100).",
+    )
+    group.add_argument(
+        "--edge-acc-sm-partition",
+        choices=SM_PARTITION_CHOICES,
+        default=EdgeAccFlags.edge_acc_sm_partition,
+        help="How the SMs are split between the two sides: CUDA MPS thread percentages, "
+        "torch green contexts, or none (time-sliced).",
+    )
+    group.add_argument(
+        "--edge-acc-skip-preflight",
+        action="store_true",
+        help="Start even when the Ascend preflight (sglang-edgeacc doctor) finds a failing check.",
+    )
+
+
+def get_flags(server_args) -> EdgeAccFlags:
+    """The EdgeAcc flags of a ServerArgs record (defaults when it was built without our parser)."""
+    value: Optional[EdgeAccFlags] = getattr(server_args, "__dict__", {}).get(ATTR)
+    return value if value is not None else EdgeAccFlags()
+
+
+def attach_flags(server_args, flags: EdgeAccFlags) -> None:
+    # Underscore non-field names are allowed on a sealed record and survive its pickling.
+    setattr(server_args, ATTR, flags)

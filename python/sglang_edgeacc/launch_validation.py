@@ -1,0 +1,76 @@
+"""Refuse, at argument-parsing time, the launches EdgeAcc cannot serve.
+
+Each rule names the flag the user typed and what to do instead; the error is
+raised before any model, device or process is touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from sglang_edgeacc.flags import EdgeAccFlags
+
+
+class EdgeAccConfigError(SystemExit):
+    """A launch EdgeAcc refuses; exits non-zero with the message on stderr."""
+
+    def __init__(self, message: str):
+        super().__init__(f"sglang-edgeacc: error: {message}")
+
+
+@dataclass(frozen=True)
+class Rule:
+    flag: str
+    broken: Callable[[argparse.Namespace], bool]
+    why_and_fix: str
+
+
+# Combinations that contradict the design (one decode side owns all state and
+# schedules; one prefill side per GPU executes what it is sent).
+EDGE_ACC_RULES: tuple[Rule, ...] = (
+    Rule("--nnodes", lambda a: a.nnodes > 1,
+         "the prefill and decode sides share memory through CUDA IPC, which does not cross hosts. "
+         "Run one server per node (use --dp with a router), or drop --enable-edge-acc."),
+    Rule("--pp-size", lambda a: a.pp_size > 1,
+         "pipeline parallelism is not supported with EdgeAcc. Use --tp (and --dp), or drop --enable-edge-acc."),
+    Rule("--disaggregation-mode", lambda a: a.disaggregation_mode in ("prefill", "decode"),
+         "EdgeAcc already splits prefill and decode inside each GPU; it cannot also be one role of a "
+         "cross-node PD deployment. Drop --disaggregation-mode or --enable-edge-acc."),
+    Rule("--enable-pdmux", lambda a: a.enable_pdmux,
+         "PD-multiplexing splits SMs inside one process; EdgeAcc splits them between two processes. "
+         "Choose one of --enable-pdmux and --enable-edge-acc."),
+    Rule("--speculative-algorithm", lambda a: a.speculative_algorithm is not None,
+         "speculative decoding is not supported with EdgeAcc: the prefill side has no draft model. "
+         "Drop --speculative-algorithm or --enable-edge-acc."),
+    Rule("--enable-mixed-chunk", lambda a: a.enable_mixed_chunk,
+         "with EdgeAcc every prefill runs on the prefill side, so there is nothing to mix into decode "
+         "batches. Drop --enable-mixed-chunk."),
+    Rule("--enable-memory-saver", lambda a: a.enable_memory_saver,
+         "memory-saver allocations cannot be exported through CUDA IPC to the prefill side. "
+         "Drop --enable-memory-saver or --enable-edge-acc."),
+    Rule("--enable-lora", lambda a: bool(a.enable_lora) or bool(getattr(a, "lora_paths", None)),
+         "LoRA adapters are not shared with the prefill side yet. Drop the LoRA flags or --enable-edge-acc."),
+)
+
+
+def _check_percent(flag: str, value: int) -> Optional[str]:
+    if 1 <= value <= 100:
+        return None
+    return f"{flag} {value} is outside 1..100: give the share of the GPU's SMs that side may use, e.g. {flag} 80."
+
+
+def validate_launch(flags: EdgeAccFlags, args: argparse.Namespace) -> None:
+    for flag, value in (
+        ("--edge-acc-prefill-sm-percent", flags.edge_acc_prefill_sm_percent),
+        ("--edge-acc-decode-sm-percent", flags.edge_acc_decode_sm_percent),
+    ):
+        problem = _check_percent(flag, value)
+        if problem:
+            raise EdgeAccConfigError(problem)
+    if not flags.enable_edge_acc:
+        return
+    for rule in EDGE_ACC_RULES:
+        if rule.broken(args):
+            raise EdgeAccConfigError(f"--enable-edge-acc with {rule.flag}: {rule.why_and_fix}")

@@ -1,0 +1,52 @@
+"""Patch ``server_args``: EdgeAcc's flags on sglang's own parser, validated at parse time.
+
+Targets ``ServerArgs.add_cli_args`` (AROUND: adds our argument group, so
+``python -m sglang.launch_server --help`` lists the flags and both
+``launch_server`` and ``sglang serve`` parse them) and
+``ServerArgs.from_cli_args`` (AROUND: attaches an :class:`EdgeAccFlags` to the
+record and refuses combinations EdgeAcc cannot honour before anything loads).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sglang_edgeacc import flags as edge_flags
+from sglang_edgeacc.launch_validation import validate_launch
+from sglang_edgeacc.patches._base import Patch, Target
+
+logger = logging.getLogger(__name__)
+
+ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"
+FROM_CLI_ARGS = "sglang.srt.server_args.ServerArgs.from_cli_args"
+
+
+def _around_add_cli_args(original, parser):
+    original(parser)
+    edge_flags.add_cli_args(parser)
+
+
+def _around_from_cli_args(original, cls, args):
+    server_args = original(cls, args)
+    parsed = edge_flags.EdgeAccFlags.from_namespace(args)
+    validate_launch(parsed, args)
+    edge_flags.attach_flags(server_args, parsed)
+    return server_args
+
+
+def _install() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(ADD_CLI_ARGS, _around_add_cli_args, HookType.AROUND)
+    HookRegistry.register(FROM_CLI_ARGS, _around_from_cli_args, HookType.AROUND)
+
+
+PATCH = Patch(
+    name="server_args",
+    summary="EdgeAcc flags on sglang's parser; incompatible combinations refused at parse time",
+    targets=(
+        Target(ADD_CLI_ARGS, params=("parser",)),
+        Target(FROM_CLI_ARGS, params=("args",)),
+    ),
+    install=_install,
+)
