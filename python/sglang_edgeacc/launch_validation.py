@@ -74,3 +74,48 @@ def validate_launch(flags: EdgeAccFlags, args: argparse.Namespace) -> None:
     for rule in EDGE_ACC_RULES:
         if rule.broken(args):
             raise EdgeAccConfigError(f"--enable-edge-acc with {rule.flag}: {rule.why_and_fix}")
+
+
+def _on_cpu_platform(args: argparse.Namespace) -> bool:
+    import os
+
+    from sglang_edgeacc.platform import is_selected
+
+    return is_selected() or getattr(args, "device", None) == "cpu" or os.environ.get("SGLANG_USE_CPU_ENGINE") == "1"
+
+
+def prepare_edge_acc_launch(flags: EdgeAccFlags, args: argparse.Namespace) -> None:
+    """Launcher side of an accepted EdgeAcc launch: environment every child inherits.
+
+    ``SGLANG_EDGEACC=1`` makes the scheduler processes install the EdgeAcc
+    scheduler; the decode side's SM share is set here because upstream spawns
+    the decode sides (and they must see it before CUDA starts). The prefill
+    side's share is set by its decode side when it spawns it.
+    """
+    import logging
+    import os
+
+    from sglang_edgeacc.edge_acc_server.roles import ENABLED_ENV
+
+    log = logging.getLogger(__name__)
+    os.environ[ENABLED_ENV] = "1"
+    if _on_cpu_platform(args):
+        log.info("[edgeacc] CPU platform: the two sides time-slice the host; SM split is off")
+        return
+    if flags.edge_acc_sm_partition == "mps":
+        from sglang_edgeacc.edge_acc.mps import MpsError, require_daemon
+        from sglang_edgeacc.edge_acc.sm_partition import MPS_PERCENT_VAR
+
+        try:
+            require_daemon()
+        except MpsError as exc:
+            raise EdgeAccConfigError(
+                f"--edge-acc-sm-partition mps needs a running CUDA MPS control daemon: {exc}"
+            ) from exc
+        os.environ[MPS_PERCENT_VAR] = str(flags.edge_acc_decode_sm_percent)
+    from sglang_edgeacc.edge_acc.tensor_share import AllocatorNotShareableError, refuse_unshareable_cuda_allocator
+
+    try:
+        refuse_unshareable_cuda_allocator()
+    except AllocatorNotShareableError as exc:
+        raise EdgeAccConfigError(str(exc)) from exc

@@ -10,6 +10,17 @@ Patch table (target / why / how / when it can be removed)
 =========================================================
 
 (filled in below as patches land)
+
+* ``npu_preflight`` — target: resolution step ``handle_npu_backends``
+  (``sglang.srt.arg_groups.platform_hook``) through ``register_resolution_hook``.
+  Why: Ascend launches with DeepEP hang at "Capturing batches" or die in
+  ``aclnnDispatchNormalA2`` when HCCL_BUFFSIZE is too small, ant-moving is set on
+  the A2 two-node path, or NEXTN/EAGLE runs on a checkpoint without (matching)
+  MTP weights. How: with ``--device npu`` only, runs the ``sglang-edgeacc doctor``
+  checks before the built-in step, stops the launch on a failing check (unless
+  ``--edge-acc-skip-preflight``) and exports ``DEEPEP_HCCL_BUFFSIZE`` when no
+  buffer is set. Removable when upstream validates DeepEP's buffer and the MTP
+  layer at argument resolution.
 """
 
 from __future__ import annotations
@@ -24,6 +35,8 @@ logger = logging.getLogger(__name__)
 PATCH_MODULES: tuple[str, ...] = (
     "sglang_edgeacc.patches.server_args",
     "sglang_edgeacc.patches.cpu_platform",
+    "sglang_edgeacc.patches.edge_acc",
+    "sglang_edgeacc.patches.npu_preflight",
 )
 
 _installed = False

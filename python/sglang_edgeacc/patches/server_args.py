@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from sglang_edgeacc import flags as edge_flags
-from sglang_edgeacc.launch_validation import validate_launch
+from sglang_edgeacc.launch_validation import prepare_edge_acc_launch, validate_launch
 from sglang_edgeacc.patches._base import Patch, Target
 
 logger = logging.getLogger(__name__)
@@ -31,6 +31,8 @@ def _around_from_cli_args(original, cls, args):
     parsed = edge_flags.EdgeAccFlags.from_namespace(args)
     validate_launch(parsed, args)
     edge_flags.attach_flags(server_args, parsed)
+    if parsed.enable_edge_acc:
+        prepare_edge_acc_launch(parsed, args)
     return server_args
 
 

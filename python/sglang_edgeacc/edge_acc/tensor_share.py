@@ -1,0 +1,441 @@
+"""Zero-copy sharing of named tensors between EdgeAcc's two processes on one GPU.
+
+The decode side owns the weights, the KV pool and ``req_to_token``; the prefill
+side imports them. This module is the whole mechanism, with torch and the
+standard library only.
+
+Owner (decode side)::
+
+    pool = allocate_single_segment(kv_pool_layer_specs(...), device="cuda:0")
+    bundle = export_tensors({**module_tensors(model), **pool, "req_to_token": r2t})
+    send(pickle.dumps(bundle))            # any channel: mp.Queue, zmq send_pyobj, a pipe
+    ...                                   # keep ``model``, ``pool`` and ``r2t`` alive
+
+Importer (prefill side)::
+
+    imported = import_tensors(pickle.loads(received))
+    bind_into_module(meta_model, imported.tensors)   # model built on the meta device
+    ...
+    imported.release()                    # before the owner goes away
+
+How each platform shares memory
+-------------------------------
+* CUDA: torch's own reduction (``torch.multiprocessing.reductions.reduce_tensor``).
+  Its rebuild arguments are plain bytes/ints, so the bundle pickles with the
+  ordinary :mod:`pickle` over any channel. The importer maps the owner's
+  ``cudaMalloc`` segment with ``cudaIpcOpenMemHandle`` (torch caches one mapping
+  per segment and process), so importing costs no device memory for the data.
+  The expandable-segments allocator and the ``cudaMallocAsync`` backend are
+  refused at export (:class:`AllocatorNotShareableError`): legacy CUDA IPC cannot
+  export their memory portably.
+* CPU: torch's ``file_system`` sharing strategy, called explicitly: each storage
+  moves once into a named POSIX shared-memory file (``/dev/shm/torch_*``, a copy at
+  export unless the storage already lives there) and the importer maps that file.
+  Unlike torch's default ``file_descriptor`` strategy this needs no
+  ``multiprocessing`` resource sharer or authkey, so a bundle works across
+  spawned processes and across a plain pickle over a socket or pipe alike.
+  The owner's tensor objects keep working: torch swaps the storage in place.
+  Do not also pass an exported CPU tensor through torch.multiprocessing's pickling
+  (``mp.Queue``, ``Process`` arguments) under the default ``file_descriptor``
+  strategy: that moves its storage again, to a new file, and the bundle's file
+  disappears (the importer then gets a :class:`SharedTensorsError` saying so).
+
+One bundle per importing process
+--------------------------------
+On CUDA, torch counts every export of a storage as one consumer reference, which
+the importer gives back when it releases. Export a fresh bundle for each process
+that imports it (cheap: handles, no data). A bundle imported by two processes
+miscounts, and torch warns at the owner's exit ("Producer process has been
+terminated before all shared CUDA tensors released"). Seen on the H200 and fixed
+in the benchmark by exporting per importer. CPU bundles may be imported any number
+of times.
+
+Lifetime (both platforms)
+-------------------------
+The owner must keep every exported tensor alive until every importer has called
+:meth:`ImportedTensors.release` (or exited). Freeing first is undefined on CUDA
+(torch parks the block in its IPC limbo and warns "Producer process has been
+terminated before all shared CUDA tensors released") and leaks the shm file on
+the CPU. For server-lifetime pools that means: allocate once in the decode side,
+never free, and stop the prefill side before the decode side.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
+
+import torch
+from torch.multiprocessing.reductions import reduce_tensor
+
+logger = logging.getLogger(__name__)
+
+ALLOC_CONF_VARIABLES: tuple[str, ...] = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+# Page-aligned views keep every per-layer buffer suitably aligned for vector loads
+# and for any dtype view; the waste is at most 4 KiB per view.
+SEGMENT_VIEW_ALIGNMENT = 4096
+
+
+class AllocatorNotShareableError(RuntimeError):
+    """The CUDA caching allocator is configured so that its memory cannot be IPC-shared."""
+
+
+class SharedTensorsError(RuntimeError):
+    """A bundle cannot be exported, imported or bound as asked."""
+
+
+def _alloc_conf_items(value: str) -> dict[str, str]:
+    items: dict[str, str] = {}
+    for part in value.split(","):
+        if ":" in part:
+            key, _, val = part.partition(":")
+            items[key.strip().lower()] = val.strip()
+    return items
+
+
+def refuse_unshareable_cuda_allocator(environ: Optional[Mapping[str, str]] = None) -> None:
+    """Raise :class:`AllocatorNotShareableError` if the allocator settings block CUDA IPC.
+
+    Call this in the owner before allocating anything that will be exported (the
+    settings are read once, at the first CUDA allocation). It looks only at the
+    environment variables torch reads, ``PYTORCH_CUDA_ALLOC_CONF`` and
+    ``PYTORCH_ALLOC_CONF``.
+    """
+    env = os.environ if environ is None else environ
+    for var in ALLOC_CONF_VARIABLES:
+        items = _alloc_conf_items(env.get(var, ""))
+        if items.get("expandable_segments", "").lower() in ("true", "1"):
+            raise AllocatorNotShareableError(
+                f"{var}={env[var]!r} turns on expandable_segments, whose memory EdgeAcc cannot share "
+                f"between its prefill and decode processes with CUDA IPC. Fix: remove "
+                f"'expandable_segments:True' from {var} (or set expandable_segments:False) for "
+                f"--enable-edge-acc."
+            )
+        if items.get("backend", "").lower() == "cudamallocasync":
+            raise AllocatorNotShareableError(
+                f"{var}={env[var]!r} selects the cudaMallocAsync backend, whose memory torch cannot "
+                f"share with CUDA IPC. Fix: remove 'backend:cudaMallocAsync' from {var} for "
+                f"--enable-edge-acc."
+            )
+
+
+@dataclass(frozen=True)
+class SharedTensorSpec:
+    """How to rebuild one tensor in another process. Plain data only: pickles anywhere."""
+
+    name: str
+    device_type: str  # "cuda" or "cpu"
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    nbytes: int
+    # Identifies the memory segment the tensor lives in (CUDA IPC handle or shm file
+    # name): tensors with the same key are views into one mapping in the importer.
+    segment_key: bytes
+    rebuild_args: tuple
+
+
+@dataclass(frozen=True)
+class SharedTensors:
+    """A picklable bundle of named tensors exported by ``owner_pid``."""
+
+    specs: tuple[SharedTensorSpec, ...]
+    owner_pid: int
+
+    def names(self) -> list[str]:
+        return [s.name for s in self.specs]
+
+    def segment_count(self) -> int:
+        """How many distinct memory segments (IPC handles / shm files) the bundle spans."""
+        return len({s.segment_key for s in self.specs})
+
+    def total_bytes(self) -> int:
+        """Bytes of the tensors themselves (views counted each, as the importer sees them)."""
+        return sum(s.nbytes for s in self.specs)
+
+
+def _export_cuda(name: str, tensor: torch.Tensor) -> SharedTensorSpec:
+    _rebuild, args = reduce_tensor(tensor.detach())
+    # args: (cls, size, stride, offset, storage_cls, dtype, device, handle, ...); see
+    # torch.multiprocessing.reductions.rebuild_cuda_tensor. Index 7 is the segment's
+    # IPC handle, which names the cudaMalloc allocation the storage sits in.
+    return SharedTensorSpec(
+        name=name,
+        device_type="cuda",
+        dtype=tensor.dtype,
+        shape=tuple(tensor.shape),
+        nbytes=tensor.numel() * tensor.element_size(),
+        segment_key=bytes(args[7]),
+        rebuild_args=tuple(args),
+    )
+
+
+def _export_cpu(name: str, tensor: torch.Tensor) -> SharedTensorSpec:
+    storage = tensor.untyped_storage()
+    manager_handle, storage_handle, storage_bytes = storage._share_filename_cpu_()
+    return SharedTensorSpec(
+        name=name,
+        device_type="cpu",
+        dtype=tensor.dtype,
+        shape=tuple(tensor.shape),
+        nbytes=tensor.numel() * tensor.element_size(),
+        segment_key=bytes(storage_handle),
+        rebuild_args=(
+            bytes(manager_handle),
+            bytes(storage_handle),
+            int(storage_bytes),
+            tensor.storage_offset(),
+            tuple(tensor.shape),
+            tuple(tensor.stride()),
+        ),
+    )
+
+
+def export_tensors(tensors: Mapping[str, torch.Tensor]) -> SharedTensors:
+    """Export ``tensors`` (name -> tensor, CUDA or CPU) for import in another process.
+
+    Zero copies on CUDA. On the CPU a storage not yet in shared memory is moved
+    there once (in place: the owner's tensors stay valid). Views of one storage
+    share one segment, so a pool from :func:`allocate_single_segment` is one handle.
+    """
+    for name, tensor in tensors.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise SharedTensorsError(f"export_tensors: {name!r} is a {type(tensor).__name__}, not a tensor")
+    if any(t.is_cuda for t in tensors.values()):
+        refuse_unshareable_cuda_allocator()
+    specs = []
+    for name, tensor in tensors.items():
+        if tensor.device.type == "cuda":
+            specs.append(_export_cuda(name, tensor))
+        elif tensor.device.type == "cpu":
+            specs.append(_export_cpu(name, tensor))
+        else:
+            raise SharedTensorsError(
+                f"export_tensors: {name!r} is on {tensor.device}; only cuda and cpu tensors can be shared"
+            )
+    bundle = SharedTensors(specs=tuple(specs), owner_pid=os.getpid())
+    logger.info(
+        "Exported %d tensors (%.2f GiB) in %d segment(s) for the other EdgeAcc side",
+        len(specs),
+        bundle.total_bytes() / 2**30,
+        bundle.segment_count(),
+    )
+    return bundle
+
+
+def _rebuild_cpu(spec: SharedTensorSpec) -> torch.Tensor:
+    manager_handle, storage_handle, storage_bytes, offset, shape, stride = spec.rebuild_args
+    try:
+        storage = torch.UntypedStorage._new_shared_filename_cpu(manager_handle, storage_handle, storage_bytes)
+    except RuntimeError as exc:
+        raise SharedTensorsError(
+            f"import_tensors: the shared-memory file of {spec.name!r} ({storage_handle.decode(errors='replace')}) "
+            f"is gone: the owner freed the tensor, exited, or sent it again through torch.multiprocessing's "
+            f"pickling, which moves a CPU storage to a new file ({exc})"
+        ) from exc
+    return torch.empty(0, dtype=spec.dtype).set_(storage, offset, shape, stride)
+
+
+def _rebuild_cuda(spec: SharedTensorSpec) -> torch.Tensor:
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    tensor = rebuild_cuda_tensor(*spec.rebuild_args)
+    # The owner's Parameter class travels in the args; the importer wants plain tensors.
+    return tensor.detach() if tensor.requires_grad else tensor
+
+
+class ImportedTensors:
+    """Tensors mapped from another process's memory, with an explicit release."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], owner_pid: int):
+        self._tensors: Optional[dict[str, torch.Tensor]] = tensors
+        self.owner_pid = owner_pid
+
+    @property
+    def tensors(self) -> dict[str, torch.Tensor]:
+        if self._tensors is None:
+            raise SharedTensorsError("these imported tensors were released; import the bundle again")
+        return self._tensors
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.tensors[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.tensors
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    @property
+    def released(self) -> bool:
+        return self._tensors is None
+
+    def release(self) -> None:
+        """Drop this side's references so the mappings close (idempotent).
+
+        Everything bound from these tensors (a module's parameters, a pool's views)
+        must be dropped too; a reference kept elsewhere keeps its mapping open. On
+        CUDA the device is synchronized first so no queued kernel still reads the
+        owner's memory; torch's deleter then tells the owner the block is unused.
+        """
+        if self._tensors is None:
+            return
+        on_cuda = any(t.is_cuda for t in self._tensors.values())
+        if on_cuda:
+            torch.cuda.synchronize()
+        self._tensors.clear()
+        self._tensors = None
+        logger.info("Released tensors imported from pid %d", self.owner_pid)
+
+
+def import_tensors(bundle: SharedTensors) -> ImportedTensors:
+    """Map every tensor of ``bundle`` into this process, with zero copies."""
+    tensors: dict[str, torch.Tensor] = {}
+    for spec in bundle.specs:
+        if spec.device_type == "cuda":
+            tensors[spec.name] = _rebuild_cuda(spec)
+        elif spec.device_type == "cpu":
+            tensors[spec.name] = _rebuild_cpu(spec)
+        else:
+            raise SharedTensorsError(f"import_tensors: unknown device type {spec.device_type!r} for {spec.name!r}")
+    logger.info(
+        "Imported %d tensors (%.2f GiB) from pid %d without copying",
+        len(tensors),
+        bundle.total_bytes() / 2**30,
+        bundle.owner_pid,
+    )
+    return ImportedTensors(tensors, bundle.owner_pid)
+
+
+def allocate_single_segment(
+    specs: Mapping[str, tuple[Sequence[int], torch.dtype]],
+    device: torch.device | str,
+    *,
+    zero: bool = True,
+) -> dict[str, torch.Tensor]:
+    """Allocate ``specs`` (name -> (shape, dtype)) as views into ONE allocation.
+
+    One allocation is one CUDA IPC handle (or one shm file), so the importer opens
+    a single mapping for the whole KV pool instead of one per layer. Views are
+    4 KiB aligned. On the CPU the backing storage is put in shared memory before
+    the views are carved, so exporting it later copies nothing.
+    """
+    layout: list[tuple[str, int, tuple[int, ...], torch.dtype]] = []
+    offset = 0
+    for name, (shape, dtype) in specs.items():
+        shape = tuple(int(d) for d in shape)
+        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        layout.append((name, offset, shape, dtype))
+        offset += -(-nbytes // SEGMENT_VIEW_ALIGNMENT) * SEGMENT_VIEW_ALIGNMENT
+    device = torch.device(device)
+    base = (torch.zeros if zero else torch.empty)(max(offset, 1), dtype=torch.uint8, device=device)
+    if device.type == "cpu":
+        base.untyped_storage()._share_filename_cpu_()
+    views: dict[str, torch.Tensor] = {}
+    for name, start, shape, dtype in layout:
+        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        views[name] = base[start : start + nbytes].view(dtype).view(shape)
+    logger.info("Allocated %d views in one %.2f GiB segment on %s", len(views), offset / 2**30, device)
+    return views
+
+
+def kv_pool_layer_specs(
+    num_layers: int,
+    num_tokens: int,
+    head_num: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    v_head_dim: Optional[int] = None,
+) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Specs for an MHA KV pool shaped like SGLang's: ``k.{layer}`` / ``v.{layer}``,
+    each ``[num_tokens, head_num, head_dim]``; feed them to :func:`allocate_single_segment`."""
+    v_dim = head_dim if v_head_dim is None else v_head_dim
+    specs: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+    for layer in range(num_layers):
+        specs[f"k.{layer}"] = ((num_tokens, head_num, head_dim), dtype)
+    for layer in range(num_layers):
+        specs[f"v.{layer}"] = ((num_tokens, head_num, v_dim), dtype)
+    return specs
+
+
+def layer_views(tensors: Mapping[str, torch.Tensor], prefix: str) -> list[torch.Tensor]:
+    """``[tensors[f"{prefix}.0"], tensors[f"{prefix}.1"], ...]``: a pool's per-layer list."""
+    out = []
+    while f"{prefix}.{len(out)}" in tensors:
+        out.append(tensors[f"{prefix}.{len(out)}"])
+    return out
+
+
+def module_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer of ``module`` by qualified name, tied ones under each name.
+
+    Non-persistent buffers (e.g. rotary ``inv_freq``) are included, so a model built
+    on the meta device can be completed from the bundle alone.
+    """
+    out: dict[str, torch.Tensor] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        out[name] = param.detach()
+    for name, buf in module.named_buffers(remove_duplicate=False):
+        if buf is not None:
+            out[name] = buf
+    return out
+
+
+def bind_into_module(module: torch.nn.Module, tensors: Mapping[str, torch.Tensor], *, strict: bool = True) -> None:
+    """Install imported tensors as ``module``'s parameters/buffers by name, without copying.
+
+    Meant for a model built on the meta device. Parameters become frozen
+    ``nn.Parameter``s around the shared memory. With ``strict`` any parameter or
+    buffer left on the meta device, and any name the module does not have, is an
+    error that lists them.
+    """
+    unknown = []
+    for name, tensor in tensors.items():
+        owner_name, _, leaf = name.rpartition(".")
+        try:
+            owner = module.get_submodule(owner_name) if owner_name else module
+        except AttributeError:
+            unknown.append(name)
+            continue
+        if leaf in owner._parameters:
+            owner._parameters[leaf] = torch.nn.Parameter(tensor, requires_grad=False)
+        elif leaf in owner._buffers:
+            owner._buffers[leaf] = tensor
+        else:
+            unknown.append(name)
+    if not strict:
+        return
+    missing = [n for n, p in module.named_parameters(remove_duplicate=False) if p.is_meta]
+    missing += [n for n, b in module.named_buffers(remove_duplicate=False) if b is not None and b.is_meta]
+    if unknown or missing:
+        raise SharedTensorsError(
+            f"bind_into_module: {len(unknown)} shared tensor(s) have no slot in the module "
+            f"{unknown[:5]}, {len(missing)} module tensor(s) were not shared {missing[:5]}. "
+            f"The two sides must build the same model architecture from the same config."
+        )
+
+
+def owner_collect_released() -> None:
+    """Owner side: free CUDA blocks whose importers have released them (torch's IPC limbo)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.ipc_collect()
+
+
+__all__ = [
+    "AllocatorNotShareableError",
+    "ImportedTensors",
+    "SharedTensorSpec",
+    "SharedTensors",
+    "SharedTensorsError",
+    "allocate_single_segment",
+    "bind_into_module",
+    "export_tensors",
+    "import_tensors",
+    "kv_pool_layer_specs",
+    "layer_views",
+    "module_tensors",
+    "owner_collect_released",
+    "refuse_unshareable_cuda_allocator",
+]

@@ -1,0 +1,122 @@
+"""Encode a decode side's prefill ``ScheduleBatch`` for its prefill side, and back.
+
+A ``ScheduleBatch`` points at the decode side's process-local machinery (pools,
+allocator, radix tree, model config). Those are not sent: the encoder replaces
+each with a reference by role, and the decoder binds the reference to the
+prefill side's own object -- whose pools map the very same memory. Everything
+else (requests, sampling parameters, the small per-batch tensors) is pickled
+as is; it is a few kilobytes per batch.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# Reference tags for process-local objects.
+REQ_TO_TOKEN_POOL = "req_to_token_pool"
+KV_POOL = "token_to_kv_pool"
+KV_ALLOCATOR = "token_to_kv_pool_allocator"
+MODEL_CONFIG = "model_config"
+LOCAL_ONLY = "local_only"  # decode-side bookkeeping the forward never reads (radix nodes, caches)
+BACK_REFERENCE = "back_reference"  # a weak reference back to the batch; re-pointed after loading
+
+
+def _local_types() -> dict[type, str]:
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.mem_cache.allocator import BaseTokenToKVPoolAllocator
+    from sglang.srt.mem_cache.memory_pool import KVCache, ReqToTokenPool
+
+    return {
+        ReqToTokenPool: REQ_TO_TOKEN_POOL,
+        KVCache: KV_POOL,
+        BaseTokenToKVPoolAllocator: KV_ALLOCATOR,
+        ModelConfig: MODEL_CONFIG,
+    }
+
+
+@dataclass(frozen=True)
+class LocalObjects:
+    """The prefill side's own objects that stand in for the decode side's."""
+
+    req_to_token_pool: Any
+    token_to_kv_pool: Any
+    token_to_kv_pool_allocator: Any
+    model_config: Any
+
+
+class _BatchPickler(pickle.Pickler):
+    def __init__(self, file, local_types: dict[type, str]):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._local_types = local_types
+
+    def persistent_id(self, obj):
+        if isinstance(obj, (torch.Tensor, str, bytes, int, float, list, tuple, dict)):
+            return None
+        if isinstance(obj, weakref.ReferenceType):
+            return BACK_REFERENCE
+        for cls, tag in self._local_types.items():
+            if isinstance(obj, cls):
+                return tag
+        module = type(obj).__module__ or ""
+        if module.startswith("sglang.srt.mem_cache.") or isinstance(obj, (torch.cuda.Event, torch.cuda.Stream)):
+            return LOCAL_ONLY
+        return None
+
+
+class _BatchUnpickler(pickle.Unpickler):
+    def __init__(self, file, local: LocalObjects):
+        super().__init__(file)
+        self._local = local
+
+    def persistent_load(self, tag):
+        if tag in (LOCAL_ONLY, BACK_REFERENCE):
+            return None
+        return getattr(self._local, tag)
+
+
+def encode_batch(batch) -> bytes:
+    buffer = io.BytesIO()
+    try:
+        _BatchPickler(buffer, _local_types()).dump(batch)
+    except Exception as exc:
+        raise TypeError(f"EdgeAcc cannot send this prefill batch: {exc}; unpicklable: {_unpicklable_paths(batch)}") from exc
+    return buffer.getvalue()
+
+
+def _unpicklable_paths(obj, path="batch", depth=0, seen=None) -> list[str]:
+    seen = set() if seen is None else seen
+    if id(obj) in seen or depth > 4:
+        return []
+    seen.add(id(obj))
+    try:
+        _BatchPickler(io.BytesIO(), _local_types()).dump(obj)
+        return []
+    except Exception:
+        pass
+    children = []
+    if isinstance(obj, (list, tuple)):
+        children = [(f"{path}[{i}]", v) for i, v in enumerate(obj[:4])]
+    elif isinstance(obj, dict):
+        children = [(f"{path}[{k!r}]", v) for k, v in list(obj.items())[:50]]
+    elif hasattr(obj, "__dict__") or hasattr(obj, "__slots__"):
+        names = list(getattr(obj, "__dict__", {})) + list(getattr(obj, "__slots__", ()))
+        children = [(f"{path}.{n}", getattr(obj, n, None)) for n in names]
+    found = []
+    for child_path, child in children:
+        found += _unpicklable_paths(child, child_path, depth + 1, seen)
+    return found or [f"{path} ({type(obj).__name__})"]
+
+
+def decode_batch(data: bytes, local: LocalObjects):
+    batch = _BatchUnpickler(io.BytesIO(data), local).load()
+    orchestrator = getattr(batch.sampling_info, "penalizer_orchestrator", None)
+    if orchestrator is not None and hasattr(orchestrator, "_batch_ref"):
+        # The penalizers reach their batch through this reference.
+        orchestrator._batch_ref = weakref.ref(batch)
+    return batch

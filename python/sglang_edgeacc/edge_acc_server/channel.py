@@ -1,0 +1,72 @@
+"""The PAIR socket between a decode side and its prefill side, with liveness-aware waits."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+import time
+import uuid
+from typing import Callable, Optional
+
+import zmq
+
+
+class PeerLost(RuntimeError):
+    """The other side of EdgeAcc exited; the server must go down."""
+
+
+def new_endpoint() -> str:
+    return f"ipc://{tempfile.gettempdir()}/sglang-edgeacc-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+class SideChannel:
+    def __init__(self, endpoint: str, *, bind: bool):
+        self.endpoint = endpoint
+        self._context = zmq.Context.instance()
+        self._socket = self._context.socket(zmq.PAIR)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        if bind:
+            self._socket.bind(endpoint)
+        else:
+            self._socket.connect(endpoint)
+
+    def send(self, message, *, peer_alive: Optional[Callable[[], bool]] = None, timeout_s: float = 600.0) -> None:
+        """Send; a PAIR socket blocks until its peer has connected, so wait for that with checks."""
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        deadline = time.monotonic() + timeout_s
+        while not self._socket.poll(200, zmq.POLLOUT):
+            if peer_alive is not None and not peer_alive():
+                raise PeerLost("the other EdgeAcc side exited before it could receive a message")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the other EdgeAcc side did not connect within {timeout_s:.0f} s")
+        self._socket.send(data)
+
+    def poll(self):
+        """The next message if one is waiting, else None; never blocks."""
+        try:
+            return pickle.loads(self._socket.recv(zmq.NOBLOCK))
+        except zmq.Again:
+            return None
+
+    def recv(self, *, timeout_s: Optional[float], peer_alive: Callable[[], bool], what: str):
+        """Block until a message arrives, checking the peer every 200 ms."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            if self._socket.poll(200):
+                return pickle.loads(self._socket.recv())
+            if not peer_alive():
+                raise PeerLost(f"the other EdgeAcc side exited while waiting for {what}")
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"no {what} from the other EdgeAcc side within {timeout_s:.0f} s")
+
+    def wait_readable(self, timeout_ms: int) -> bool:
+        return bool(self._socket.poll(timeout_ms))
+
+    def close(self) -> None:
+        self._socket.close(linger=0)
+        if self.endpoint.startswith("ipc://"):
+            try:
+                os.unlink(self.endpoint[len("ipc://"):])
+            except OSError:
+                pass

@@ -1,0 +1,266 @@
+"""The decode side: upstream's scheduler, with every prefill forward handed to the prefill side.
+
+Scheduling is upstream's own (``get_new_batch_prefill`` admits, matches
+prefixes, chunks and allocates; ``update_running_batch`` decodes and retracts).
+What changes is the loop: a prefill batch is sent to the prefill side instead
+of being run here, and decode steps go on while it runs. One prefill batch is
+in flight at a time; its result is processed exactly as upstream processes a
+prefill it ran itself, then merged into the running batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from sglang_edgeacc.edge_acc.ordering import WriteFence
+from sglang_edgeacc.edge_acc.sm_partition import child_env, environment_for_child
+from sglang_edgeacc.edge_acc_server import roles
+from sglang_edgeacc.edge_acc_server.batch_codec import encode_batch
+from sglang_edgeacc.edge_acc_server.channel import PeerLost, SideChannel, new_endpoint
+from sglang_edgeacc.edge_acc_server.messages import PrefillReady, PrefillResult, PrefillWork, Shutdown
+from sglang_edgeacc.edge_acc_server.shared_state import export_model_runner_state
+from sglang_edgeacc.flags import get_flags
+
+logger = logging.getLogger(__name__)
+
+PREFILL_START_TIMEOUT_S = 900.0
+# While a prefill is in flight and there is nothing to decode, wait on the
+# channel rather than spin.
+IDLE_WAIT_MS = 5
+
+
+@dataclass
+class InflightPrefill:
+    seq: int
+    batch: object  # ScheduleBatch
+    sent_at: float
+
+
+@dataclass(frozen=True)
+class SpawnRanks:
+    gpu_id: int
+    tp_rank: int
+    pp_rank: int
+    dp_rank: Optional[int]
+
+
+def _spawn_ranks() -> SpawnRanks:
+    from sglang.srt.runtime_context import get_device, get_parallel
+
+    parallel = get_parallel()
+
+    def read(name, default=None):
+        try:
+            return getattr(parallel, name)
+        except (AttributeError, RuntimeError, ValueError):
+            return default
+
+    return SpawnRanks(
+        gpu_id=int(get_device().gpu_id or 0),
+        tp_rank=read("tp_rank", 0),
+        pp_rank=read("pp_rank", 0),
+        dp_rank=read("dp_rank"),
+    )
+
+
+class DecodeSideMixin:
+    # ----------------------------------------------------------------- start-up
+    def _edge_decode_start_prefill_side(self) -> None:
+        from sglang.srt.managers.scheduler import run_scheduler_process
+        from sglang.srt.server_args import PortArgs
+        from sglang.srt.utils.common import broadcast_pyobj
+
+        flags = get_flags(self.server_args)
+        ranks = _spawn_ranks()
+        self._edge_ranks = ranks
+        runner = self.tp_worker.model_runner
+
+        # The prefill sides of this TP group form a TP group of their own: they
+        # need one set of ports, chosen once and shared by every decode rank.
+        port_args = PortArgs.init_new(self.server_args) if self.tp_group.rank == self.tp_group.ranks[0] else None
+        if self.tp_group.world_size > 1:
+            port_args = broadcast_pyobj(port_args, self.tp_group.rank, self.tp_cpu_group, src=self.tp_group.ranks[0])
+
+        endpoint = new_endpoint()
+        self._edge_channel = SideChannel(endpoint, bind=True)
+
+        device_type = torch.device(runner.device).type
+        env = {
+            roles.ROLE_ENV: roles.PREFILL,
+            roles.CHANNEL_ENV: endpoint,
+            **child_env(roles.PREFILL, flags.edge_acc_prefill_sm_percent, flags.edge_acc_sm_partition,
+                        tp_rank=ranks.tp_rank, device_type=device_type),
+        }
+        ctx = mp.get_context("spawn")
+        reader, writer = ctx.Pipe(duplex=False)
+        self._edge_prefill_proc = ctx.Process(
+            target=run_scheduler_process,
+            args=(self.server_args, port_args, ranks.gpu_id, ranks.tp_rank, ranks.pp_rank, ranks.dp_rank, writer),
+            name=f"edgeacc-prefill-tp{ranks.tp_rank}",
+        )
+        logger.info("%s starting the prefill side", self._edge_log_prefix())
+        with environment_for_child(env):
+            self._edge_prefill_proc.start()
+        writer.close()
+
+        alive = self._edge_prefill_proc.is_alive
+        self._edge_channel.send(export_model_runner_state(runner), peer_alive=alive, timeout_s=PREFILL_START_TIMEOUT_S)
+        deadline = time.monotonic() + PREFILL_START_TIMEOUT_S
+        while not reader.poll(1.0):
+            if not alive():
+                raise PeerLost(f"the prefill side exited with code {self._edge_prefill_proc.exitcode} during start")
+            if time.monotonic() > deadline:
+                raise TimeoutError("the prefill side did not start within the time limit")
+        info = reader.recv()
+        if info.get("status") != "ready":
+            raise RuntimeError(f"the prefill side failed to start: {info}")
+        ready = self._edge_channel.recv(timeout_s=PREFILL_START_TIMEOUT_S, peer_alive=alive, what="PrefillReady")
+        assert isinstance(ready, PrefillReady), type(ready)
+        self._edge_write_fence = WriteFence(runner.device)
+        self._edge_seq = 0
+        self._edge_inflight: Optional[InflightPrefill] = None
+        logger.info("%s prefill side pid %d is ready", self._edge_log_prefix(), ready.pid)
+
+    # ----------------------------------------------------------------- the loop
+    def event_loop_edge_acc_decode(self) -> None:
+        try:
+            while not self.gracefully_exit:
+                self.ingest_requests()
+                if self._engine_paused:
+                    self._record_scheduler_state_for_paused_engine()
+                    continue
+                self._edge_check_prefill_side()
+                self._edge_collect_prefill()
+                if self._edge_inflight is None:
+                    self._edge_dispatch_prefill()
+
+                batch = self._edge_next_decode_batch()
+                self.cur_batch_for_debug = batch
+                if batch is not None:
+                    result = self.run_batch(batch)
+                    self.process_batch_result(batch, result)
+                elif self._edge_inflight is not None:
+                    self._edge_channel.wait_readable(IDLE_WAIT_MS)
+                else:
+                    self._sched_idled = True
+                    self.on_idle()
+                self.last_batch = batch
+        finally:
+            self._edge_stop_prefill_side()
+
+    def _edge_check_prefill_side(self) -> None:
+        if not self._edge_prefill_proc.is_alive():
+            raise PeerLost(
+                f"{self._edge_log_prefix()} the prefill side (pid {self._edge_prefill_proc.pid}) exited "
+                f"with code {self._edge_prefill_proc.exitcode}; shutting the server down"
+            )
+
+    def _edge_dispatch_prefill(self) -> None:
+        from sglang.srt.managers.overlap_utils import resolve_forward_inputs
+
+        plan = self.get_new_batch_prefill(self.running_batch)
+        self.running_batch = plan.running_batch
+        batch = plan.batch_to_run
+        if batch is None:
+            return
+        # What run_batch does before a forward, minus the forward.
+        self.forward_ct += 1
+        batch.forward_iter = self.forward_ct
+        batch.launch_ts = time.monotonic()
+        batch.after_idle_gap = self._sched_idled
+        self._sched_idled = False
+        if batch.extend_num_tokens:
+            self.processed_tokens_counter += batch.extend_num_tokens
+        resolve_forward_inputs(batch, self.future_map)
+        # The slots and req_to_token rows were written on this process's stream.
+        written = self._edge_write_fence.signal()
+        self._edge_seq += 1
+        self._edge_channel.send(PrefillWork(seq=self._edge_seq, batch=encode_batch(batch), written=written))
+        self._edge_inflight = InflightPrefill(seq=self._edge_seq, batch=batch, sent_at=time.monotonic())
+
+    def _edge_collect_prefill(self) -> None:
+        if self._edge_inflight is None:
+            return
+        reply = self._edge_channel.poll()
+        if reply is None:
+            return
+        assert isinstance(reply, PrefillResult), type(reply)
+        inflight, self._edge_inflight = self._edge_inflight, None
+        if reply.error is not None:
+            raise RuntimeError(f"{self._edge_log_prefix()} the prefill side failed:\n{reply.error}")
+        if reply.seq != inflight.seq:
+            raise RuntimeError(f"prefill reply {reply.seq} does not answer batch {inflight.seq}")
+        self._edge_finish_prefill(inflight, reply)
+
+    def _edge_finish_prefill(self, inflight: InflightPrefill, reply: PrefillResult) -> None:
+        from sglang.srt.managers.utils import GenerationBatchResult
+
+        batch = inflight.batch
+        device = self.tp_worker.model_runner.device
+        result = GenerationBatchResult(
+            logits_output=reply.logits_output,
+            next_token_ids=torch.tensor(reply.next_token_ids, dtype=torch.int64, device=device),
+            can_run_cuda_graph=False,
+        )
+        # What run_batch does after a forward.
+        self._relay_forward_payload(batch, batch.req_pool_indices, result)
+        batch.input_ids = None
+        self.update_cache_from_scheduler(batch, result)
+        self._copy_auxiliary_output_to_cpu(batch, result)
+        keep = batch.return_logprob or batch.return_hidden_states
+        result.extend_input_len_per_req = list(batch.extend_lens) if keep else None
+        result.extend_logprob_start_len_per_req = batch.extend_logprob_start_lens if batch.return_logprob else None
+        self.process_batch_result(batch, result)
+        self._edge_merge_prefilled(batch)
+        self.edge_acc_stats.record_handoff(time.monotonic() - inflight.sent_at, reply.forward_ms, batch.batch_size())
+
+    def _edge_merge_prefilled(self, batch) -> None:
+        """Upstream's merge of a finished prefill into the running batch (get_next_batch_to_run)."""
+        exclude = []
+        if self.chunked_req is not None:
+            exclude.append(self.chunked_req)
+            if self.chunked_req.extend_end > self.chunked_req.prefix_len:
+                self.stash_chunked_request(self.chunked_req)
+        if batch.chunked_req is not None:
+            exclude.append(batch.chunked_req)
+        batch.filter_batch(reqs_to_exclude=exclude)
+        if batch.is_empty():
+            return
+        if self.running_batch.is_empty():
+            self.running_batch = batch
+        else:
+            self.running_batch.merge_batch(batch)
+        self.running_batch.batch_is_full = False
+
+    def _edge_next_decode_batch(self):
+        running = self.running_batch
+        before = running.batch_size()
+        running.filter_batch()
+        if running.batch_size() < before:
+            running.batch_is_full = False
+        batch = None
+        if not running.is_empty() and not running.is_prefill_only:
+            decode = self.update_running_batch(running)
+            batch = decode if decode is not None and not decode.is_empty() else None
+        # DP attention: every decode side of the group enters the same collective
+        # each step; an idle one contributes an IDLE batch.
+        return self.dp_attn_adapter.maybe_prepare_mlp_sync_batch(batch, need_sync=self.require_mlp_sync)
+
+    def _edge_stop_prefill_side(self) -> None:
+        proc = getattr(self, "_edge_prefill_proc", None)
+        if proc is None or not proc.is_alive():
+            return
+        try:
+            self._edge_channel.send(Shutdown())
+        except Exception:  # the channel may already be gone at interpreter exit
+            pass
+        proc.join(timeout=10)
+        if proc.is_alive():
+            proc.kill()

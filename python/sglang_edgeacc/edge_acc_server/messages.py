@@ -1,0 +1,59 @@
+"""What the decode side and the prefill side of one GPU say to each other.
+
+One ZMQ PAIR socket per side pair (``ipc://``): the decode side binds, its
+prefill side connects. Messages are frozen dataclasses, pickled. A message is
+never a memory fence: every one that hands over device memory written by the
+sender carries an :class:`~sglang_edgeacc.edge_acc.ordering.OrderingToken`
+or was preceded by a host synchronisation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from sglang_edgeacc.edge_acc.ordering import OrderingToken
+from sglang_edgeacc.edge_acc.tensor_share import SharedTensors
+
+
+@dataclass(frozen=True)
+class SharedState:
+    """Decode -> prefill, once: everything the prefill side maps instead of allocating."""
+
+    tensors: SharedTensors
+    memory_pool_config: Any  # upstream's MemoryPoolConfig, so both sides size pools alike
+    kv_buffer_names: tuple[str, ...]
+    decode_pid: int
+
+
+@dataclass(frozen=True)
+class PrefillReady:
+    """Prefill -> decode, once: the shared state is mapped and the first forward may come."""
+
+    pid: int
+    mapped_bytes: int
+
+
+@dataclass(frozen=True)
+class PrefillWork:
+    """Decode -> prefill: one prefill batch, slots already allocated by the decode side."""
+
+    seq: int
+    batch: bytes  # ScheduleBatch encoded by batch_codec
+    written: Optional[OrderingToken]  # orders the decode side's req_to_token/KV writes
+
+
+@dataclass(frozen=True)
+class PrefillResult:
+    """Prefill -> decode: the sampled first tokens (host-synchronised: the KV is written)."""
+
+    seq: int
+    next_token_ids: list[int]
+    logits_output: Any  # LogitsProcessorOutput with host tensors, logprob fields only
+    forward_ms: float
+    error: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Decode -> prefill: release the mappings and exit."""

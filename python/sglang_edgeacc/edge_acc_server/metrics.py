@@ -1,0 +1,68 @@
+"""EdgeAcc's own numbers, kept by the decode side.
+
+The Prometheus series are registered only where ``--enable-metrics`` asks for
+them, with upstream's multiprocess collector (the scheduler processes already
+write there), so they appear on upstream's ``/metrics`` endpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EdgeAccStats:
+    handoffs: int = 0
+    last_handoff_s: float = 0.0
+    last_prefill_forward_ms: float = 0.0
+    _prometheus: object = field(default=None, repr=False)
+
+    def enable_prometheus(self, labels: dict[str, str], prefill_sm_percent: int, decode_sm_percent: int) -> None:
+        from prometheus_client import Counter, Gauge, Histogram
+
+        names = list(labels)
+        self._prometheus = {
+            "handoff": Histogram(
+                "sglang_edgeacc_prefill_handoff_seconds",
+                "Time from sending a prefill batch to the prefill side until its first tokens are back.",
+                names, buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            ).labels(**labels),
+            "batches": Counter(
+                "sglang_edgeacc_prefill_batches", "Prefill batches run by the prefill side.", names
+            ).labels(**labels),
+            "prefill_batch_size": Gauge(
+                "sglang_edgeacc_prefill_batch_size", "Requests in the last prefill batch.", names,
+                multiprocess_mode="mostrecent",
+            ).labels(**labels),
+            "prefill_queue": Gauge(
+                "sglang_edgeacc_prefill_queue_length", "Requests waiting for the prefill side.", names,
+                multiprocess_mode="mostrecent",
+            ).labels(**labels),
+            "decode_running": Gauge(
+                "sglang_edgeacc_decode_running_requests", "Requests the decode side is decoding.", names,
+                multiprocess_mode="mostrecent",
+            ).labels(**labels),
+            "sm_percent": Gauge(
+                "sglang_edgeacc_sm_percent", "Configured SM share of each side.", names + ["side"],
+                multiprocess_mode="mostrecent",
+            ),
+        }
+        self._prometheus["sm_percent"].labels(**labels, side="prefill").set(prefill_sm_percent)
+        self._prometheus["sm_percent"].labels(**labels, side="decode").set(decode_sm_percent)
+
+    def record_handoff(self, seconds: float, forward_ms: float, batch_size: int) -> None:
+        self.handoffs += 1
+        self.last_handoff_s = seconds
+        self.last_prefill_forward_ms = forward_ms
+        if self._prometheus:
+            self._prometheus["handoff"].observe(seconds)
+            self._prometheus["batches"].inc()
+            self._prometheus["prefill_batch_size"].set(batch_size)
+
+    def record_queues(self, waiting: int, running: int) -> None:
+        if self._prometheus:
+            self._prometheus["prefill_queue"].set(waiting)
+            self._prometheus["decode_running"].set(running)

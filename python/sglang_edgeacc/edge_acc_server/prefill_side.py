@@ -1,0 +1,143 @@
+"""The prefill side: a scheduler that executes the prefill batches its decode side sends.
+
+It is built like any sglang scheduler (model, pools, attention backends, its
+own TP group), then points its model and pools at the decode side's memory
+(:mod:`shared_state`). Its loop receives a batch whose slots the decode side
+already allocated, waits on the decode side's fence, runs the forward (which
+writes the batch's KV into the shared pool), samples, synchronises the host
+(so the KV is written before the reply leaves) and replies with the first
+tokens. It never allocates, frees or schedules.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import traceback
+
+from sglang_edgeacc.edge_acc.ordering import ReadFence
+from sglang_edgeacc.edge_acc.tensor_share import import_tensors
+from sglang_edgeacc.edge_acc_server import roles
+from sglang_edgeacc.edge_acc_server.batch_codec import LocalObjects, decode_batch
+from sglang_edgeacc.edge_acc_server.channel import SideChannel
+from sglang_edgeacc.edge_acc_server.messages import (
+    PrefillReady,
+    PrefillResult,
+    PrefillWork,
+    SharedState,
+    Shutdown,
+)
+from sglang_edgeacc.edge_acc_server.shared_state import adopt_shared_state
+
+logger = logging.getLogger(__name__)
+
+SHARED_STATE_TIMEOUT_S = 600.0
+
+# The decode side's pool sizes, read by the memory-pool hook while this
+# process's scheduler is being constructed (see patches.edge_acc).
+_pending_state: SharedState | None = None
+
+
+def pending_memory_pool_config():
+    return None if _pending_state is None else _pending_state.memory_pool_config
+
+
+def _decode_side_alive(decode_pid: int) -> bool:
+    return os.getppid() == decode_pid
+
+
+class PrefillSideMixin:
+    def _edge_prefill_connect(self) -> None:
+        """Before the scheduler is built: receive the decode side's shared state."""
+        global _pending_state
+        self._edge_channel = SideChannel(os.environ[roles.CHANNEL_ENV], bind=False)
+        parent = os.getppid()
+        state = self._edge_channel.recv(
+            timeout_s=SHARED_STATE_TIMEOUT_S, peer_alive=lambda: _decode_side_alive(parent), what="shared state"
+        )
+        assert isinstance(state, SharedState), type(state)
+        _pending_state = state
+        self._edge_state = state
+
+    def _edge_prefill_adopt(self) -> None:
+        """After the pools exist: map the decode side's memory in place of our own."""
+        start = time.perf_counter()
+        self._edge_imported = import_tensors(self._edge_state.tensors)
+        mapped = adopt_shared_state(self.tp_worker.model_runner, self._edge_imported, self._edge_state)
+        self._edge_read_fence = ReadFence(self.tp_worker.model_runner.device)
+        logger.info(
+            "%s mapped %.1f MB of weights, KV cache and req_to_token from the decode side (pid %d) in %.2f s",
+            self._edge_log_prefix(), mapped / 2**20, self._edge_state.decode_pid, time.perf_counter() - start,
+        )
+
+    def _edge_prefill_local_objects(self) -> LocalObjects:
+        runner = self.tp_worker.model_runner
+        return LocalObjects(
+            req_to_token_pool=runner.req_to_token_pool,
+            token_to_kv_pool=runner.token_to_kv_pool,
+            token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator,
+            model_config=runner.model_config,
+        )
+
+    def event_loop_edge_acc_prefill(self) -> None:
+        local = self._edge_prefill_local_objects()
+        decode_pid = self._edge_state.decode_pid
+        self._edge_channel.send(PrefillReady(pid=os.getpid(), mapped_bytes=self._edge_state.tensors.total_bytes()))
+        logger.info("%s ready", self._edge_log_prefix())
+        while True:
+            message = self._edge_channel.recv(
+                timeout_s=None, peer_alive=lambda: _decode_side_alive(decode_pid), what="a prefill batch"
+            )
+            if isinstance(message, Shutdown):
+                break
+            assert isinstance(message, PrefillWork), type(message)
+            try:
+                self._edge_channel.send(self._edge_run_prefill(message, local))
+            except Exception:
+                self._edge_channel.send(
+                    PrefillResult(seq=message.seq, next_token_ids=[], logits_output=None,
+                                  forward_ms=0.0, error=traceback.format_exc())
+                )
+                raise
+        self._edge_imported.release()
+
+    def _edge_run_prefill(self, work: PrefillWork, local: LocalObjects) -> PrefillResult:
+        start = time.perf_counter()
+        batch = decode_batch(work.batch, local)
+        if work.written is not None:
+            self._edge_read_fence.wait(work.written)
+        result = self.tp_worker.forward_batch_generation(batch)
+        if batch.return_logprob or batch.return_hidden_states:
+            result.copy_to_cpu(return_logprob=batch.return_logprob, return_hidden_states=batch.return_hidden_states)
+        # .tolist() synchronises the host with the forward: the KV this batch wrote
+        # into the shared pool is complete before the reply is sent.
+        next_token_ids = result.next_token_ids.tolist()
+        return PrefillResult(
+            seq=work.seq,
+            next_token_ids=next_token_ids,
+            logits_output=_host_logits_output(result.logits_output, batch.return_logprob),
+            forward_ms=(time.perf_counter() - start) * 1e3,
+        )
+
+
+def _host_logits_output(logits_output, return_logprob: bool):
+    """The part of the logits output the decode side's result processing reads."""
+    if logits_output is None:
+        return None
+    import dataclasses
+
+    import torch
+
+    if not return_logprob:
+        return dataclasses.replace(logits_output, next_token_logits=None, hidden_states=None)
+    moved = {}
+    for f in dataclasses.fields(logits_output):
+        value = getattr(logits_output, f.name)
+        if isinstance(value, torch.Tensor):
+            moved[f.name] = value.cpu()
+        elif isinstance(value, list):
+            moved[f.name] = [v.cpu() if isinstance(v, torch.Tensor) else v for v in value]
+    moved["next_token_logits"] = None
+    moved["hidden_states"] = None
+    return dataclasses.replace(logits_output, **moved)

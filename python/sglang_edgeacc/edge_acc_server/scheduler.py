@@ -1,0 +1,62 @@
+"""``EdgeAccScheduler``: upstream's ``Scheduler`` with the two EdgeAcc roles.
+
+Installed in place of ``sglang.srt.managers.scheduler.Scheduler`` (a class
+REPLACE, see ``patches.edge_acc``) only in the scheduler processes of an
+EdgeAcc launch; every other launch constructs upstream's class untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sglang.srt.managers.scheduler import Scheduler
+
+from sglang_edgeacc.edge_acc_server import roles
+from sglang_edgeacc.edge_acc_server.decode_side import DecodeSideMixin
+from sglang_edgeacc.edge_acc_server.metrics import EdgeAccStats
+from sglang_edgeacc.edge_acc_server.prefill_side import PrefillSideMixin
+from sglang_edgeacc.flags import get_flags
+
+logger = logging.getLogger(__name__)
+
+
+class EdgeAccScheduler(PrefillSideMixin, DecodeSideMixin, Scheduler):
+    def __init__(self, server_args, port_args, *args, **kwargs):
+        self.edge_acc_role = roles.role()
+        self.edge_acc_stats = EdgeAccStats()
+        if self.edge_acc_role == roles.PREFILL:
+            self._edge_prefill_connect()
+        super().__init__(server_args, port_args, *args, **kwargs)
+        flags = get_flags(server_args)
+        if self.edge_acc_role == roles.DECODE and getattr(self, "enable_metrics", False):
+            self.edge_acc_stats.enable_prometheus(
+                {"tp_rank": str(self._edge_ranks.tp_rank)},
+                flags.edge_acc_prefill_sm_percent, flags.edge_acc_decode_sm_percent,
+            )
+
+    def _edge_log_prefix(self) -> str:
+        from sglang.srt.runtime_context import get_parallel
+
+        try:
+            tp_rank = get_parallel().tp_rank
+        except Exception:
+            tp_rank = 0
+        return roles.log_prefix(tp_rank)
+
+    def init_memory_pools(self):
+        super().init_memory_pools()
+        if self.edge_acc_role == roles.PREFILL:
+            # Before attention backends and graphs are built over the pools.
+            self._edge_prefill_adopt()
+
+    def init_model_worker(self):
+        super().init_model_worker()
+        if self.edge_acc_role == roles.DECODE:
+            # After the worker is complete: its TP group picks the prefill sides' ports.
+            self._edge_decode_start_prefill_side()
+
+    def run_event_loop(self) -> None:
+        if self.edge_acc_role == roles.PREFILL:
+            self.event_loop_edge_acc_prefill()
+        else:
+            self.event_loop_edge_acc_decode()

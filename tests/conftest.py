@@ -1,0 +1,73 @@
+"""Shared fixtures: device markers, and real CPU servers shared across a session."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from harness import CpuServer
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def _has_npu() -> bool:
+    return importlib.util.find_spec("torch_npu") is not None
+
+
+def pytest_collection_modifyitems(config, items):
+    del config
+    skip_gpu = pytest.mark.skip(reason="needs an NVIDIA GPU: run tests/gpu through the device tool (docs/testing.md)")
+    skip_npu = pytest.mark.skip(reason="needs an Ascend NPU with torch_npu")
+    cuda, npu = _has_cuda(), _has_npu()
+    for item in items:
+        if "gpu" in item.keywords and not cuda:
+            item.add_marker(skip_gpu)
+        if "npu" in item.keywords and not npu:
+            item.add_marker(skip_npu)
+
+
+class ServerPool:
+    """One server per distinct flag set, started on first use, stopped at session end.
+
+    The CI machine has 2 cores: at most ``MAX_ALIVE`` servers run at once (the
+    least recently used one is stopped first), enough to compare two launches.
+    """
+
+    MAX_ALIVE = 2
+
+    def __init__(self):
+        self._servers: dict[tuple[str, ...], CpuServer] = {}
+
+    def get(self, *args: str) -> CpuServer:
+        if args in self._servers:
+            self._servers[args] = self._servers.pop(args)  # most recently used last
+            return self._servers[args]
+        while len(self._servers) >= self.MAX_ALIVE:
+            self.release(*next(iter(self._servers)))
+        self._servers[args] = CpuServer(args=args).start()
+        return self._servers[args]
+
+    def release(self, *args: str) -> None:
+        server = self._servers.pop(args, None)
+        if server is not None:
+            server.stop()
+
+    def stop_all(self) -> None:
+        for args in list(self._servers):
+            self.release(*args)
+
+
+@pytest.fixture(scope="session")
+def cpu_servers():
+    pool = ServerPool()
+    try:
+        yield pool
+    finally:
+        pool.stop_all()

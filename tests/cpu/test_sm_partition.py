@@ -1,0 +1,118 @@
+"""sm_partition: the environment each EdgeAcc side is spawned with, checked in real children."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+
+import pytest
+import torch
+
+from sglang_edgeacc.edge_acc.sm_partition import (
+    GREEN_CONTEXT_PERCENT_VAR,
+    MPS_PERCENT_VAR,
+    SmPartitionError,
+    apply_child_env,
+    child_env,
+    environment_for_child,
+    green_context_stream,
+    green_context_stream_from_env,
+    green_contexts_available,
+    sm_count_for_percent,
+)
+
+TIMEOUT_S = 120
+
+
+def test_mps_mode_sets_the_thread_percentage_for_both_sides():
+    assert child_env("prefill", 30, "mps") == {MPS_PERCENT_VAR: "30"}
+    # Decode at 100 is explicit so an inherited limit cannot apply to it.
+    assert child_env("decode", 100, "mps") == {MPS_PERCENT_VAR: "100"}
+
+
+def test_green_context_mode_never_sets_the_mps_variable():
+    env = child_env("prefill", 40, "green-context")
+    assert env == {GREEN_CONTEXT_PERCENT_VAR: "40"}
+
+
+def test_none_mode_and_cpu_platform_set_nothing():
+    assert child_env("prefill", 50, "none") == {}
+    assert child_env("prefill", 50, "mps", device_type="cpu") == {}
+
+
+@pytest.mark.parametrize(
+    "role,percent,mode,needle",
+    [
+        ("prefill", 0, "mps", "--edge-acc-prefill-sm-percent"),
+        ("decode", 101, "mps", "--edge-acc-decode-sm-percent"),
+        ("decode", 50.0, "mps", "--edge-acc-decode-sm-percent"),
+        ("prefill", 50, "mig", "--edge-acc-sm-partition"),
+        ("encode", 50, "mps", "role"),
+    ],
+)
+def test_bad_values_name_the_flag(role, percent, mode, needle):
+    with pytest.raises(ValueError, match=needle):
+        child_env(role, percent, mode)
+
+
+def test_the_split_is_logged_with_the_side_and_rank(caplog):
+    with caplog.at_level(logging.INFO, logger="sglang_edgeacc.edge_acc.sm_partition"):
+        child_env("prefill", 30, "mps", tp_rank=3)
+    assert "[edgeacc prefill tp3] SM split: mps, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30" in caplog.text
+
+
+def _report_env(conn) -> None:
+    conn.send({k: os.environ.get(k) for k in (MPS_PERCENT_VAR, GREEN_CONTEXT_PERCENT_VAR)})
+    conn.close()
+
+
+def test_spawned_children_see_their_own_share_and_the_parent_is_restored(monkeypatch):
+    monkeypatch.delenv(MPS_PERCENT_VAR, raising=False)
+    monkeypatch.setenv(GREEN_CONTEXT_PERCENT_VAR, "77")
+    ctx = mp.get_context("spawn")
+    seen = {}
+    for role, percent in (("prefill", 30), ("decode", 100)):
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_report_env, args=(child,))
+        with environment_for_child(child_env(role, percent, "mps")):
+            proc.start()
+        assert parent.poll(TIMEOUT_S)
+        seen[role] = parent.recv()
+        proc.join(TIMEOUT_S)
+        assert proc.exitcode == 0
+    assert seen["prefill"][MPS_PERCENT_VAR] == "30"
+    assert seen["decode"][MPS_PERCENT_VAR] == "100"
+    assert MPS_PERCENT_VAR not in os.environ
+    assert os.environ[GREEN_CONTEXT_PERCENT_VAR] == "77"
+
+
+def test_apply_child_env_sets_variables(monkeypatch):
+    monkeypatch.delenv(MPS_PERCENT_VAR, raising=False)
+    apply_child_env({MPS_PERCENT_VAR: "25"})
+    assert os.environ[MPS_PERCENT_VAR] == "25"
+
+
+def test_sm_count_rounding():
+    assert sm_count_for_percent(30, 132, 8, 8) == 32  # 39.6 -> 39 -> 32
+    assert sm_count_for_percent(1, 132, 8, 8) == 8  # never below the minimum
+    assert sm_count_for_percent(100, 132, 8, 8) == 128
+    assert sm_count_for_percent(50, 108, 4, 2) == 54
+    with pytest.raises(ValueError):
+        sm_count_for_percent(0, 132, 8, 8)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a CPU-only host")
+def test_green_context_on_cpu_is_a_clear_error():
+    assert not green_contexts_available()
+    with pytest.raises(SmPartitionError, match="--edge-acc-sm-partition mps or none"):
+        green_context_stream(16)
+
+
+def test_green_context_from_env_is_none_when_not_asked():
+    assert green_context_stream_from_env(environ={}) is None
+
+
+def test_green_context_from_env_rejects_garbage(monkeypatch):
+    with pytest.raises(SmPartitionError, match=GREEN_CONTEXT_PERCENT_VAR):
+        green_context_stream_from_env(environ={GREEN_CONTEXT_PERCENT_VAR: "lots"})

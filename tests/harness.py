@@ -1,0 +1,147 @@
+"""A real sglang server on the ``edgeacc_cpu`` platform, for tests.
+
+The server runs in its own process session so that stopping it takes the
+whole tree (tokenizer, controller, schedulers, detokenizer, EdgeAcc sides)
+down, also when the test that started it failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import psutil
+import requests
+
+from sglang_edgeacc.tiny_model import model_dir
+
+STARTUP_TIMEOUT_S = float(os.environ.get("EDGEACC_TEST_STARTUP_TIMEOUT", "300"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def cpu_server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        SGLANG_PLATFORM="edgeacc_cpu",
+        # A crashed scheduler otherwise keeps the launcher waiting 60 s for CUDA core dumps.
+        SGLANG_CUDA_COREDUMP_BEFORE_CRASH_WAIT_SECS="0",
+        PYTHONUNBUFFERED="1",
+    )
+    env.pop("SGLANG_CPU_OMP_THREADS_BIND", None)
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class CpuServer:
+    args: tuple[str, ...]
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen | None = None
+    log_path: str = ""
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "sglang.launch_server",
+            "--model-path", str(model_dir()), "--load-format", "dummy",
+            "--host", "127.0.0.1", "--port", str(self.port),
+            *self.args,
+        ]
+
+    def start(self, env: dict[str, str] | None = None) -> "CpuServer":
+        log = tempfile.NamedTemporaryFile(prefix="edgeacc-server-", suffix=".log", delete=False)
+        self.log_path = log.name
+        self.proc = subprocess.Popen(
+            self.command(), stdout=log, stderr=subprocess.STDOUT, env=cpu_server_env(env),
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode} during start:\n{self.log_tail()}")
+            try:
+                if requests.get(f"{self.url}/health", timeout=5).status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(1.0)
+        self.stop()
+        raise TimeoutError(f"server not healthy after {STARTUP_TIMEOUT_S:.0f} s:\n{self.log_tail()}")
+
+    def log_tail(self, chars: int = 6000) -> str:
+        try:
+            with open(self.log_path, errors="replace") as fh:
+                return fh.read()[-chars:]
+        except OSError:
+            return "<no log>"
+
+    def descendants(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.proc is None:
+            return
+        tree = [psutil.Process(self.proc.pid)] + self.descendants() if self.proc.poll() is None else []
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        _, alive = psutil.wait_procs(tree, timeout=timeout)
+        for proc in alive:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=10)
+
+    # --- requests -----------------------------------------------------------------
+    def generate(self, text, max_new_tokens: int = 8, **extra) -> dict | list:
+        payload = {"text": text, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}, **extra}
+        response = requests.post(f"{self.url}/generate", json=payload, timeout=120)
+        response.raise_for_status()
+        return response.json()
+
+    def generate_stream(self, text: str, max_new_tokens: int = 8) -> list[dict]:
+        payload = {"text": text, "stream": True, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}}
+        chunks = []
+        with requests.post(f"{self.url}/generate", json=payload, stream=True, timeout=120) as response:
+            response.raise_for_status()
+            for line in response.iter_lines():
+                if line.startswith(b"data:") and line.strip() != b"data: [DONE]":
+                    chunks.append(json.loads(line[5:]))
+        return chunks
+
+    def chat(self, content: str, max_tokens: int = 8) -> dict:
+        payload = {"model": "tiny", "messages": [{"role": "user", "content": content}],
+                   "max_tokens": max_tokens, "temperature": 0}
+        response = requests.post(f"{self.url}/v1/chat/completions", json=payload, timeout=120)
+        response.raise_for_status()
+        return response.json()
+
+    def completion(self, prompt: str, max_tokens: int = 8) -> dict:
+        payload = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+        response = requests.post(f"{self.url}/v1/completions", json=payload, timeout=120)
+        response.raise_for_status()
+        return response.json()
