@@ -84,9 +84,11 @@ class DecodeSideMixin:
 
         # The prefill sides of this TP group form a TP group of their own: they
         # need one set of ports, chosen once and shared by every decode rank.
-        port_args = PortArgs.init_new(self.server_args) if self.tp_group.rank == self.tp_group.ranks[0] else None
-        if self.tp_group.world_size > 1:
-            port_args = broadcast_pyobj(port_args, self.tp_group.rank, self.tp_cpu_group, src=self.tp_group.ranks[0])
+        group = self.tp_group
+        port_args = [PortArgs.init_new(self.server_args)] if group.rank == group.ranks[0] else None
+        if group.world_size > 1:
+            port_args = broadcast_pyobj(port_args, group.rank, self.tp_cpu_group, src=group.ranks[0])
+        port_args = port_args[0]
 
         endpoint = new_endpoint()
         self._edge_channel = SideChannel(endpoint, bind=True)
@@ -188,9 +190,11 @@ class DecodeSideMixin:
     def _edge_collect_prefill(self) -> None:
         if self._edge_inflight is None:
             return
-        reply = self._edge_channel.poll()
-        if reply is None:
+        if not self._edge_all_ranks_ready(self._edge_channel.wait_readable(0)):
             return
+        reply = self._edge_channel.recv(
+            timeout_s=None, peer_alive=self._edge_prefill_proc.is_alive, what="a prefill result"
+        )
         assert isinstance(reply, PrefillResult), type(reply)
         inflight, self._edge_inflight = self._edge_inflight, None
         if reply.error is not None:
@@ -198,6 +202,20 @@ class DecodeSideMixin:
         if reply.seq != inflight.seq:
             raise RuntimeError(f"prefill reply {reply.seq} does not answer batch {inflight.seq}")
         self._edge_finish_prefill(inflight, reply)
+
+    def _edge_all_ranks_ready(self, ready: bool) -> bool:
+        """True once every rank that shares this batch has its prefill result.
+
+        The ranks of an attention-TP group run one decode forward together, so
+        they must merge a finished prefill in the same step; replies reach them
+        at different times, so they agree on the slowest.
+        """
+        group = self.attn_tp_cpu_group
+        if torch.distributed.get_world_size(group=group) == 1:
+            return ready
+        flag = torch.tensor([1 if ready else 0], dtype=torch.int32)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN, group=group)
+        return bool(flag.item())
 
     def _edge_finish_prefill(self, inflight: InflightPrefill, reply: PrefillResult) -> None:
         from sglang.srt.managers.utils import GenerationBatchResult

@@ -108,8 +108,6 @@ class PrefillSideMixin:
         if work.written is not None:
             self._edge_read_fence.wait(work.written)
         result = self.tp_worker.forward_batch_generation(batch)
-        if batch.return_logprob or batch.return_hidden_states:
-            result.copy_to_cpu(return_logprob=batch.return_logprob, return_hidden_states=batch.return_hidden_states)
         # .tolist() synchronises the host with the forward: the KV this batch wrote
         # into the shared pool is complete before the reply is sent.
         next_token_ids = result.next_token_ids.tolist()
