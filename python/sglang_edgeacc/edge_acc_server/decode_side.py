@@ -25,6 +25,7 @@ from sglang_edgeacc.edge_acc_server import roles
 from sglang_edgeacc.edge_acc_server.batch_codec import encode_batch
 from sglang_edgeacc.edge_acc_server.channel import PeerLost, SideChannel, new_endpoint
 from sglang_edgeacc.edge_acc_server.messages import PrefillReady, PrefillResult, PrefillWork, Shutdown
+from sglang_edgeacc.edge_acc_server.port_plan import prefill_side_port_args
 from sglang_edgeacc.edge_acc_server.shared_state import export_model_runner_state
 from sglang_edgeacc.flags import get_flags
 
@@ -74,7 +75,6 @@ class DecodeSideMixin:
     # ----------------------------------------------------------------- start-up
     def _edge_decode_start_prefill_side(self) -> None:
         from sglang.srt.managers.scheduler import run_scheduler_process
-        from sglang.srt.server_args import PortArgs
         from sglang.srt.utils.common import broadcast_pyobj
 
         flags = get_flags(self.server_args)
@@ -85,7 +85,7 @@ class DecodeSideMixin:
         # The prefill sides of this TP group form a TP group of their own: they
         # need one set of ports, chosen once and shared by every decode rank.
         group = self.tp_group
-        port_args = [PortArgs.init_new(self.server_args)] if group.rank == group.ranks[0] else None
+        port_args = [prefill_side_port_args(self._edge_decode_port_args)] if group.rank == group.ranks[0] else None
         if group.world_size > 1:
             port_args = broadcast_pyobj(port_args, group.rank, self.tp_cpu_group, src=group.ranks[0])
         port_args = port_args[0]
@@ -139,6 +139,7 @@ class DecodeSideMixin:
                     self._record_scheduler_state_for_paused_engine()
                     continue
                 self._edge_check_prefill_side()
+                self.edge_acc_stats.record_queues(len(self.waiting_queue), self.running_batch.batch_size())
                 self._edge_collect_prefill()
                 if self._edge_inflight is None:
                     self._edge_dispatch_prefill()

@@ -33,6 +33,13 @@ from sglang_edgeacc.edge_acc_server.shared_state import adopt_shared_state
 logger = logging.getLogger(__name__)
 
 SHARED_STATE_TIMEOUT_S = 600.0
+# When no prefill side of the group has work, each sleeps this long before
+# polling again (all of them see the same all-idle gather, so they stay in step).
+ALL_IDLE_SLEEP_S = 0.002
+# Test-only: an idle DP group skips the group's collective, as the seed's
+# unfixed scheduler did. A server with it set deadlocks under DP attention;
+# the regression test sets it to prove the test can fail.
+SKIP_IDLE_SYNC_ENV = "SGLANG_EDGEACC_TEST_SKIP_IDLE_SYNC"
 
 # The decode side's pool sizes, read by the memory-pool hook while this
 # process's scheduler is being constructed (see patches.edge_acc).
@@ -85,26 +92,86 @@ class PrefillSideMixin:
         decode_pid = self._edge_state.decode_pid
         self._edge_channel.send(PrefillReady(pid=os.getpid(), mapped_bytes=self._edge_state.tensors.total_bytes()))
         logger.info("%s ready", self._edge_log_prefix())
-        while True:
-            message = self._edge_channel.recv(
-                timeout_s=None, peer_alive=lambda: _decode_side_alive(decode_pid), what="a prefill batch"
-            )
-            if isinstance(message, Shutdown):
-                break
-            assert isinstance(message, PrefillWork), type(message)
-            try:
-                self._edge_channel.send(self._edge_run_prefill(message, local))
-            except Exception:
-                self._edge_channel.send(
-                    PrefillResult(seq=message.seq, next_token_ids=[], logits_output=None,
-                                  forward_ms=0.0, error=traceback.format_exc())
-                )
-                raise
-        self._edge_imported.release()
+        peer_alive = lambda: _decode_side_alive(decode_pid)  # noqa: E731
+        try:
+            if self.require_mlp_sync:
+                self._edge_prefill_loop_in_step(local, peer_alive)
+            else:
+                self._edge_prefill_loop_on_demand(local, peer_alive)
+        finally:
+            self._edge_imported.release()
 
-    def _edge_run_prefill(self, work: PrefillWork, local: LocalObjects) -> PrefillResult:
+    def _edge_prefill_loop_on_demand(self, local: LocalObjects, peer_alive) -> None:
+        """Without DP attention each prefill side runs whenever its decode side sends work."""
+        while True:
+            message = self._edge_channel.recv(timeout_s=None, peer_alive=peer_alive, what="a prefill batch")
+            if isinstance(message, Shutdown):
+                return
+            self._edge_serve(message, local)
+
+    def _edge_prefill_loop_in_step(self, local: LocalObjects, peer_alive) -> None:
+        """With DP attention every prefill side of the group steps together.
+
+        The model's MLP collectives span the whole group, so each step every
+        prefill side gathers the group's token counts (upstream's MLP sync); a
+        side without work runs an IDLE batch so the sides with work do not wait
+        on it forever. The ranks of one attention-TP group take a batch from
+        their decode sides in the same step, or not at all.
+        """
+        skip_idle_sync = os.environ.get(SKIP_IDLE_SYNC_ENV) == "1"
+        while True:
+            ready = self._edge_attn_group_all(self._edge_channel.wait_readable(0))
+            work = None
+            if ready:
+                message = self._edge_channel.recv(timeout_s=None, peer_alive=peer_alive, what="a prefill batch")
+                if isinstance(message, Shutdown):
+                    return
+                work = message
+            elif not peer_alive():
+                raise RuntimeError(f"{self._edge_log_prefix()} the decode side exited")
+            if work is None and skip_idle_sync:
+                time.sleep(ALL_IDLE_SLEEP_S)
+                continue
+            batch = None if work is None else self._edge_decode_work(work, local)
+            batch = self.dp_attn_adapter.prepare_mlp_sync_batch(batch)
+            if batch is None:
+                time.sleep(ALL_IDLE_SLEEP_S)
+                continue
+            if batch.forward_mode.is_idle():
+                # Only this side's share of the group's collectives: nothing
+                # to return, and an IDLE batch never reaches the decode side.
+                self.tp_worker.forward_batch_generation(batch)
+                continue
+            self._edge_serve(work, local, batch=batch)
+
+    def _edge_attn_group_all(self, flag: bool) -> bool:
+        import torch
+
+        group = self.attn_tp_cpu_group
+        if torch.distributed.get_world_size(group=group) == 1:
+            return flag
+        value = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MIN, group=group)
+        return bool(value.item())
+
+    def _edge_decode_work(self, work: PrefillWork, local: LocalObjects):
+        assert isinstance(work, PrefillWork), type(work)
+        return decode_batch(work.batch, local)
+
+    def _edge_serve(self, work: PrefillWork, local: LocalObjects, batch=None) -> None:
+        try:
+            self._edge_channel.send(self._edge_run_prefill(work, local, batch))
+        except Exception:
+            self._edge_channel.send(
+                PrefillResult(seq=work.seq, next_token_ids=[], logits_output=None,
+                              forward_ms=0.0, error=traceback.format_exc())
+            )
+            raise
+
+    def _edge_run_prefill(self, work: PrefillWork, local: LocalObjects, batch=None) -> PrefillResult:
         start = time.perf_counter()
-        batch = decode_batch(work.batch, local)
+        if batch is None:
+            batch = self._edge_decode_work(work, local)
         if work.written is not None:
             self._edge_read_fence.wait(work.written)
         result = self.tp_worker.forward_batch_generation(batch)

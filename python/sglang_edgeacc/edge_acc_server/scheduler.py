@@ -20,15 +20,32 @@ from sglang_edgeacc.flags import get_flags
 logger = logging.getLogger(__name__)
 
 
+def _set_process_title(title: str) -> None:
+    # Operators (and the tests) tell the two sides apart in ps/top by this.
+    try:
+        import setproctitle
+    except ImportError:
+        return
+    setproctitle.setproctitle(title)
+
+
+def _metrics_enabled() -> bool:
+    from sglang.srt.runtime_context import get_observability
+
+    return bool(get_observability().enable_metrics)
+
+
 class EdgeAccScheduler(PrefillSideMixin, DecodeSideMixin, Scheduler):
     def __init__(self, server_args, port_args, *args, **kwargs):
         self.edge_acc_role = roles.role()
         self.edge_acc_stats = EdgeAccStats()
+        self._edge_decode_port_args = port_args
         if self.edge_acc_role == roles.PREFILL:
+            _set_process_title("sglang::scheduler_edgeacc_prefill")
             self._edge_prefill_connect()
         super().__init__(server_args, port_args, *args, **kwargs)
         flags = get_flags(server_args)
-        if self.edge_acc_role == roles.DECODE and getattr(self, "enable_metrics", False):
+        if self.edge_acc_role == roles.DECODE and _metrics_enabled():
             self.edge_acc_stats.enable_prometheus(
                 {"tp_rank": str(self._edge_ranks.tp_rank)},
                 flags.edge_acc_prefill_sm_percent, flags.edge_acc_decode_sm_percent,

@@ -9,8 +9,42 @@ same verification.
 Patch table (target / why / how / when it can be removed)
 =========================================================
 
-(filled in below as patches land)
+One row per module of ``PATCH_MODULES`` (a test checks that every row exists).
 
+* ``server_args`` — target: ``ServerArgs.add_cli_args`` and
+  ``ServerArgs.from_cli_args`` (``sglang.srt.server_args``), both AROUND hooks
+  through ``HookRegistry``. Why: ``ServerArgs`` is a sealed msgspec record, so
+  EdgeAcc's flags cannot be new fields, and a launch EdgeAcc cannot serve must
+  be refused before any model or device is touched. How: adds the "EdgeAcc
+  (sglang-edgeacc)" argument group to upstream's parser (so ``launch_server``,
+  ``sglang serve`` and ``--help`` all see the flags), then after upstream built
+  the record validates the flags (``launch_validation``), attaches an
+  ``EdgeAccFlags`` as the non-field attribute ``_edge_acc`` (carried to every
+  child by sglang's pickling) and, with ``--enable-edge-acc``, prepares the
+  launch environment. Removable when upstream lets a plugin declare extra
+  server arguments and validate them.
+* ``cpu_platform`` — target: the module constants ``forward_batch_info._is_cpu``
+  and ``parallel_state._is_cpu``, ``dp_attention.memcpy`` (REPLACE) and
+  ``TorchNativeAttnBackend``; installed only with ``SGLANG_PLATFORM=edgeacc_cpu``.
+  Why: upstream ties "am I on the CPU" to its sgl-kernel CPU engine, not to the
+  active platform, so on an out-of-tree CPU platform DP attention takes CUDA
+  paths (pinned memory, a PrivateUse1-only all-gather op, a Triton copy
+  kernel). How: rebinds the constants to True, replaces ``memcpy`` with
+  upstream's own ``memcpy_cpu``, and gives the torch native backend the padding
+  length its CUDA-graph path would use. Removable when upstream derives these
+  from the platform (``get_platform()``) instead of ``SGLANG_USE_CPU_ENGINE``.
+* ``edge_acc`` — target: ``sglang.srt.managers.scheduler.Scheduler`` (class
+  REPLACE) and ``KVCacheConfigurator._resolve_memory_pool_config`` (AROUND),
+  plus the scheduler methods, ``run_scheduler_process``, ``PortArgs.init_new``
+  and the worker and pool symbols the EdgeAcc scheduler calls, checked for
+  their signatures; installed only in processes of a launch with
+  ``--enable-edge-acc`` (``SGLANG_EDGEACC=1``). Why: upstream has no intra-GPU
+  prefill/decode split; each GPU needs a decode side that owns all memory
+  state and a prefill side that only executes. How: ``EdgeAccScheduler``
+  (``edge_acc_server``) subclasses upstream's scheduler for both sides, and the
+  prefill side sizes its KV pools from its decode side's configuration instead
+  of profiling free memory. Removable when upstream ships intra-GPU P/D
+  disaggregation (or a scheduler extension point that carries it).
 * ``npu_preflight`` — target: resolution step ``handle_npu_backends``
   (``sglang.srt.arg_groups.platform_hook``) through ``register_resolution_hook``.
   Why: Ascend launches with DeepEP hang at "Capturing batches" or die in

@@ -61,7 +61,7 @@ PATCH = Patch(
         Target("sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation"),
         Target("sglang.srt.mem_cache.memory_pool.MHATokenToKVPool._assign_post_capture_tensors", params=("self", "tensors")),
         Target(f"{CONFIGURATOR}._resolve_memory_pool_config", params=("self", "pre_model_load_memory")),
-        Target("sglang.srt.server_args.PortArgs.init_new", params=("server_args", "dp_rank", "worker_ports")),
+        Target("sglang.srt.server_args.PortArgs"),
     ),
     install=_install,
     applies=edge_acc_enabled,
