@@ -28,7 +28,7 @@ from sglang_edgeacc.edge_acc_server.messages import (
     SharedState,
     Shutdown,
 )
-from sglang_edgeacc.edge_acc_server.shared_state import adopt_shared_state
+from sglang_edgeacc.edge_acc_server.shared_state import WEIGHT_PREFIX, adopt_shared_state
 
 logger = logging.getLogger(__name__)
 
@@ -41,13 +41,27 @@ ALL_IDLE_SLEEP_S = 0.002
 # the regression test sets it to prove the test can fail.
 SKIP_IDLE_SYNC_ENV = "SGLANG_EDGEACC_TEST_SKIP_IDLE_SYNC"
 
-# The decode side's pool sizes, read by the memory-pool hook while this
-# process's scheduler is being constructed (see patches.edge_acc).
+# What the decode side shared, mapped before this process's scheduler is
+# built, so that the hooks of patches.edge_acc can build the model and the KV
+# pool around it instead of allocating: pool sizes, weights, KV buffers.
 _pending_state: SharedState | None = None
+_pending_import = None  # ImportedTensors
 
 
 def pending_memory_pool_config():
     return None if _pending_state is None else _pending_state.memory_pool_config
+
+
+def pending_weights() -> dict | None:
+    if _pending_import is None:
+        return None
+    return {name[len(WEIGHT_PREFIX):]: t for name, t in _pending_import.tensors.items() if name.startswith(WEIGHT_PREFIX)}
+
+
+def pending_kv_buffers() -> list | None:
+    if _pending_import is None:
+        return None
+    return [_pending_import[name] for name in _pending_state.kv_buffer_names]
 
 
 def _decode_side_alive(decode_pid: int) -> bool:
@@ -64,19 +78,21 @@ class PrefillSideMixin:
             timeout_s=SHARED_STATE_TIMEOUT_S, peer_alive=lambda: _decode_side_alive(parent), what="shared state"
         )
         assert isinstance(state, SharedState), type(state)
+        global _pending_import
+        start = time.perf_counter()
         _pending_state = state
+        _pending_import = import_tensors(state.tensors)
         self._edge_state = state
+        self._edge_imported = _pending_import
+        logger.info(
+            "[edgeacc prefill] mapped %.1f MB of weights, KV cache and req_to_token from the decode side "
+            "(pid %d) in %.2f s", state.tensors.total_bytes() / 2**20, state.decode_pid, time.perf_counter() - start,
+        )
 
     def _edge_prefill_adopt(self) -> None:
-        """After the pools exist: map the decode side's memory in place of our own."""
-        start = time.perf_counter()
-        self._edge_imported = import_tensors(self._edge_state.tensors)
-        mapped = adopt_shared_state(self.tp_worker.model_runner, self._edge_imported, self._edge_state)
+        """After the pools exist: check they are the decode side's memory, adopt req_to_token."""
+        adopt_shared_state(self.tp_worker.model_runner, self._edge_imported, self._edge_state)
         self._edge_read_fence = ReadFence(self.tp_worker.model_runner.device)
-        logger.info(
-            "%s mapped %.1f MB of weights, KV cache and req_to_token from the decode side (pid %d) in %.2f s",
-            self._edge_log_prefix(), mapped / 2**20, self._edge_state.decode_pid, time.perf_counter() - start,
-        )
 
     def _edge_prefill_local_objects(self) -> LocalObjects:
         runner = self.tp_worker.model_runner

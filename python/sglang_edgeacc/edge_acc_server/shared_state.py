@@ -14,12 +14,7 @@ import os
 
 import logging
 
-from sglang_edgeacc.edge_acc.tensor_share import (
-    ImportedTensors,
-    bind_into_module,
-    export_tensors,
-    module_tensors,
-)
+from sglang_edgeacc.edge_acc.tensor_share import ImportedTensors, export_tensors, module_tensors
 from sglang_edgeacc.edge_acc_server.messages import SharedState
 
 logger = logging.getLogger(__name__)
@@ -61,25 +56,28 @@ def export_model_runner_state(model_runner) -> SharedState:
     )
 
 
-def adopt_shared_state(model_runner, imported: ImportedTensors, state: SharedState) -> int:
-    """Point the prefill side's model and pools at the decode side's memory; returns bytes mapped."""
-    weights = {name[len(WEIGHT_PREFIX):]: t for name, t in imported.tensors.items() if name.startswith(WEIGHT_PREFIX)}
-    bind_into_module(model_runner.model, weights)
+def adopt_shared_state(model_runner, imported: ImportedTensors, state: SharedState) -> None:
+    """Check the prefill side's model and KV pool are built on the decode side's memory; adopt req_to_token.
 
-    kv_pool = model_runner.token_to_kv_pool
-    local = _kv_buffers(kv_pool)
+    The model and the KV buffers were built around the shared tensors (see
+    ``shared_weights_loader`` and ``patches.edge_acc``); this verifies it, so a
+    future upstream change that bypasses those hooks fails here, not as silent
+    divergence. ``req_to_token`` is small and is swapped in place.
+    """
+    # Tied weights (lm_head = embed_tokens) are bound under either name, so a
+    # parameter may sit on any imported mapping of that memory.
+    shared_ptrs = {t.data_ptr() for t in imported.tensors.values()}
+    for name, param in model_runner.model.named_parameters(remove_duplicate=False):
+        if param.data_ptr() not in shared_ptrs:
+            raise RuntimeError(f"EdgeAcc: the prefill side's weight {name!r} is not the decode side's tensor")
+    local = _kv_buffers(model_runner.token_to_kv_pool)
     shared = [imported[name] for name in state.kv_buffer_names]
-    if len(local) != len(shared) or any(a.shape != b.shape or a.dtype != b.dtype for a, b in zip(local, shared)):
+    if len(local) != len(shared) or any(a.data_ptr() != b.data_ptr() for a, b in zip(local, shared)):
         raise RuntimeError(
-            "EdgeAcc: the prefill side's KV pool does not match the decode side's "
-            f"({len(local)} vs {len(shared)} buffers); both sides must resolve the same server arguments"
+            "EdgeAcc: the prefill side's KV pool is not the decode side's memory "
+            f"({len(local)} local vs {len(shared)} shared buffers)"
         )
-    kv_pool._assign_post_capture_tensors(shared)
-    if hasattr(kv_pool, "_init_data_ptrs_and_strides"):
-        kv_pool._init_data_ptrs_and_strides()
-
     req_to_token = imported[REQ_TO_TOKEN]
     if req_to_token.shape != model_runner.req_to_token_pool.req_to_token.shape:
         raise RuntimeError("EdgeAcc: req_to_token shapes differ between the two sides")
     model_runner.req_to_token_pool.req_to_token = req_to_token
-    return state.tensors.total_bytes()

@@ -3,8 +3,11 @@
 Installed only in processes of a launch with ``--enable-edge-acc`` (the
 launcher exports ``SGLANG_EDGEACC=1`` once it has parsed the flags, and sglang
 spawns its schedulers with that environment): upstream's ``Scheduler`` is
-REPLACEd by :class:`EdgeAccScheduler`, and on the prefill side the KV pool
-sizing step returns the decode side's sizes instead of profiling free memory.
+REPLACEd by :class:`EdgeAccScheduler`; on the prefill side, the KV pool sizing
+step returns the decode side's sizes instead of profiling free memory, the
+model loader builds the model on the meta device and binds the decode side's
+weights, and the MHA KV pool takes the decode side's buffers instead of
+allocating: the prefill side holds no second copy of weights or KV.
 Every other launch never loads this patch.
 """
 
@@ -15,6 +18,8 @@ from sglang_edgeacc.patches._base import Patch, Target
 
 SCHEDULER = "sglang.srt.managers.scheduler"
 CONFIGURATOR = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator"
+LOADER = "sglang.srt.model_loader.loader"
+KV_POOL = "sglang.srt.mem_cache.memory_pool.MHATokenToKVPool"
 
 
 def _around_resolve_memory_pool_config(original, self, pre_model_load_memory):
@@ -29,6 +34,29 @@ def _around_resolve_memory_pool_config(original, self, pre_model_load_memory):
     return decode_config
 
 
+def _around_get_model_loader(original, load_config, model_config=None):
+    from sglang_edgeacc.edge_acc_server.prefill_side import pending_weights
+    from sglang_edgeacc.edge_acc_server.roles import is_prefill_side
+
+    weights = pending_weights() if is_prefill_side() else None
+    if weights is None:
+        return original(load_config, model_config)
+    from sglang_edgeacc.edge_acc_server.shared_weights_loader import SharedWeightsLoader
+
+    return SharedWeightsLoader(load_config, weights)
+
+
+def _around_create_kv_buffers(original, self):
+    from sglang_edgeacc.edge_acc_server.prefill_side import pending_kv_buffers
+    from sglang_edgeacc.edge_acc_server.roles import is_prefill_side
+
+    shared = pending_kv_buffers() if is_prefill_side() else None
+    if shared is None:
+        return original(self)
+    # The decode side's buffers, in upstream's own k-then-v order: no allocation.
+    self._assign_post_capture_tensors(shared)
+
+
 def _install() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
@@ -38,6 +66,8 @@ def _install() -> None:
     HookRegistry.register(
         f"{CONFIGURATOR}._resolve_memory_pool_config", _around_resolve_memory_pool_config, HookType.AROUND
     )
+    HookRegistry.register(f"{LOADER}.get_model_loader", _around_get_model_loader, HookType.AROUND)
+    HookRegistry.register(f"{KV_POOL}._create_buffers_normal", _around_create_kv_buffers, HookType.AROUND)
 
 
 PATCH = Patch(
@@ -59,7 +89,13 @@ PATCH = Patch(
         Target(f"{SCHEDULER}.run_scheduler_process"),
         Target("sglang.srt.managers.overlap_utils.resolve_forward_inputs", params=("batch", "future_map")),
         Target("sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation"),
-        Target("sglang.srt.mem_cache.memory_pool.MHATokenToKVPool._assign_post_capture_tensors", params=("self", "tensors")),
+        Target(f"{KV_POOL}._assign_post_capture_tensors", params=("self", "tensors")),
+        Target(f"{KV_POOL}._create_buffers_normal", params=("self",)),
+        Target(f"{LOADER}.get_model_loader", params=("load_config", "model_config")),
+        Target(f"{LOADER}.BaseModelLoader"),
+        Target(f"{LOADER}._initialize_model", params=("model_config", "load_config", "quant_config")),
+        Target(f"{LOADER}._get_quantization_config"),
+        Target("sglang.srt.model_loader.utils.set_default_torch_dtype", params=("dtype",)),
         Target(f"{CONFIGURATOR}._resolve_memory_pool_config", params=("self", "pre_model_load_memory")),
         Target("sglang.srt.server_args.PortArgs"),
     ),
