@@ -11,12 +11,16 @@ tokens. It never allocates, frees or schedules.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
 import traceback
 
+import torch
+
 from sglang_edgeacc.edge_acc.ordering import ReadFence
+from sglang_edgeacc.edge_acc.sm_partition import green_context_stream_from_env
 from sglang_edgeacc.edge_acc.tensor_share import import_tensors
 from sglang_edgeacc.edge_acc_server import roles
 from sglang_edgeacc.edge_acc_server.batch_codec import LocalObjects, decode_batch
@@ -91,8 +95,16 @@ class PrefillSideMixin:
 
     def _edge_prefill_adopt(self) -> None:
         """After the pools exist: check they are the decode side's memory, adopt req_to_token."""
-        adopt_shared_state(self.tp_worker.model_runner, self._edge_imported, self._edge_state)
-        self._edge_read_fence = ReadFence(self.tp_worker.model_runner.device)
+        runner = self.tp_worker.model_runner
+        adopt_shared_state(runner, self._edge_imported, self._edge_state)
+        self._edge_read_fence = ReadFence(runner.device)
+        self._edge_green_stream = None
+        if torch.device(runner.device).type == "cuda":
+            # --edge-acc-sm-partition green-context: every prefill forward runs
+            # on a stream confined to this side's share of the SMs.
+            self._edge_green_stream = green_context_stream_from_env(
+                torch.device(runner.device).index or 0, role="prefill", tp_rank=self._edge_tp_rank()
+            )
 
     def _edge_prefill_local_objects(self) -> LocalObjects:
         runner = self.tp_worker.model_runner
@@ -188,9 +200,11 @@ class PrefillSideMixin:
         start = time.perf_counter()
         if batch is None:
             batch = self._edge_decode_work(work, local)
-        if work.written is not None:
-            self._edge_read_fence.wait(work.written)
-        result = self.tp_worker.forward_batch_generation(batch)
+        stream = self._edge_green_stream.stream if self._edge_green_stream is not None else None
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            if work.written is not None:
+                self._edge_read_fence.wait(work.written, stream)
+            result = self.tp_worker.forward_batch_generation(batch)
         # .tolist() synchronises the host with the forward: the KV this batch wrote
         # into the shared pool is complete before the reply is sent.
         next_token_ids = result.next_token_ids.tolist()

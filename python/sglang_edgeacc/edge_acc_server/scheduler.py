@@ -51,14 +51,16 @@ class EdgeAccScheduler(PrefillSideMixin, DecodeSideMixin, Scheduler):
                 flags.edge_acc_prefill_sm_percent, flags.edge_acc_decode_sm_percent,
             )
 
-    def _edge_log_prefix(self) -> str:
+    def _edge_tp_rank(self) -> int:
         from sglang.srt.runtime_context import get_parallel
 
         try:
-            tp_rank = get_parallel().tp_rank
-        except Exception:
-            tp_rank = 0
-        return roles.log_prefix(tp_rank)
+            return int(get_parallel().tp_rank)
+        except Exception:  # before the rank bundle is published
+            return 0
+
+    def _edge_log_prefix(self) -> str:
+        return roles.log_prefix(self._edge_tp_rank())
 
     def init_memory_pools(self):
         super().init_memory_pools()
