@@ -56,11 +56,14 @@ class CpuServer:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
+        # An idle scheduler otherwise spins a core; CI has two. DP attention keeps
+        # every rank stepping together, so it is left to spin there.
+        idle = [] if "--dp" in self.args else ["--sleep-on-idle"]
         return [
             sys.executable, "-m", "sglang.launch_server",
             "--model-path", str(model_dir()), "--load-format", "dummy",
             "--host", "127.0.0.1", "--port", str(self.port),
-            *self.args,
+            *idle, *self.args,
         ]
 
     def start(self, env: dict[str, str] | None = None) -> "CpuServer":
