@@ -13,8 +13,8 @@ import argparse
 from dataclasses import dataclass, fields
 from typing import Literal, Optional
 
-SmPartition = Literal["mps", "green-context", "none"]
-SM_PARTITION_CHOICES: tuple[str, ...] = ("mps", "green-context", "none")
+SmPartition = Literal["mps", "green-context", "adaptive", "none"]
+SM_PARTITION_CHOICES: tuple[str, ...] = ("mps", "green-context", "adaptive", "none")
 
 ATTR = "_edge_acc"
 
@@ -26,6 +26,8 @@ class EdgeAccFlags:
     edge_acc_decode_sm_percent: int = 100
     edge_acc_sm_partition: str = "mps"
     edge_acc_skip_preflight: bool = False
+    edge_acc_itl_slo_ms: float = 50.0
+    edge_acc_ttft_slo_ms: float = 2000.0
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> "EdgeAccFlags":
@@ -61,7 +63,22 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         choices=SM_PARTITION_CHOICES,
         default=EdgeAccFlags.edge_acc_sm_partition,
         help="How the SMs are split between the two sides: CUDA MPS thread percentages, "
-        "torch green contexts, or none (time-sliced).",
+        "torch green contexts (fixed share), adaptive (the prefill side picks a green-context "
+        "partition per batch from the SLOs below), or none (time-sliced).",
+    )
+    group.add_argument(
+        "--edge-acc-itl-slo-ms",
+        type=float,
+        default=EdgeAccFlags.edge_acc_itl_slo_ms,
+        metavar="MS",
+        help="Adaptive split: decode-step (inter-token latency) P99 target.",
+    )
+    group.add_argument(
+        "--edge-acc-ttft-slo-ms",
+        type=float,
+        default=EdgeAccFlags.edge_acc_ttft_slo_ms,
+        metavar="MS",
+        help="Adaptive split: time-to-first-token target the prefill side's share grows for.",
     )
     group.add_argument(
         "--edge-acc-skip-preflight",

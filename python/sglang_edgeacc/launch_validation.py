@@ -69,6 +69,10 @@ def validate_launch(flags: EdgeAccFlags, args: argparse.Namespace) -> None:
         problem = _check_percent(flag, value)
         if problem:
             raise EdgeAccConfigError(problem)
+    for flag, value in (("--edge-acc-itl-slo-ms", flags.edge_acc_itl_slo_ms),
+                        ("--edge-acc-ttft-slo-ms", flags.edge_acc_ttft_slo_ms)):
+        if not value > 0:
+            raise EdgeAccConfigError(f"{flag} {value} must be a positive number of milliseconds.")
     if not flags.enable_edge_acc:
         return
     for rule in EDGE_ACC_RULES:
@@ -102,16 +106,22 @@ def prepare_edge_acc_launch(flags: EdgeAccFlags, args: argparse.Namespace) -> No
     if _on_cpu_platform(args):
         log.info("[edgeacc] CPU platform: the two sides time-slice the host; SM split is off")
         return
-    if flags.edge_acc_sm_partition == "mps":
+    if flags.edge_acc_sm_partition != "none":
+        # Kernels of two processes run at the same time only under MPS, whatever
+        # confines them (an MPS percentage, or green contexts inside an
+        # unlimited MPS client).
         from sglang_edgeacc.edge_acc.mps import MpsError, require_daemon
-        from sglang_edgeacc.edge_acc.sm_partition import MPS_PERCENT_VAR
 
         try:
             require_daemon()
         except MpsError as exc:
             raise EdgeAccConfigError(
-                f"--edge-acc-sm-partition mps needs a running CUDA MPS control daemon: {exc}"
+                f"--edge-acc-sm-partition {flags.edge_acc_sm_partition} needs a running CUDA MPS control "
+                f"daemon: {exc} (or run time-sliced with --edge-acc-sm-partition none)"
             ) from exc
+    if flags.edge_acc_sm_partition == "mps":
+        from sglang_edgeacc.edge_acc.sm_partition import MPS_PERCENT_VAR
+
         os.environ[MPS_PERCENT_VAR] = str(flags.edge_acc_decode_sm_percent)
     from sglang_edgeacc.edge_acc.tensor_share import AllocatorNotShareableError, refuse_unshareable_cuda_allocator
 

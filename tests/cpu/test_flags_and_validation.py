@@ -138,6 +138,8 @@ def test_valid_flags_are_attached_and_survive_pickling(parsed):
         "edge_acc_decode_sm_percent": 90,
         "edge_acc_sm_partition": "green-context",
         "edge_acc_skip_preflight": False,
+        "edge_acc_itl_slo_ms": 50.0,
+        "edge_acc_ttft_slo_ms": 2000.0,
     }
     assert accepted["flags"] == expected
     assert accepted["flags_after_pickle"] == expected
@@ -154,6 +156,8 @@ def test_alias_enables_edge_acc_and_defaults_hold_when_off(parsed):
         "edge_acc_decode_sm_percent": 100,
         "edge_acc_sm_partition": "mps",
         "edge_acc_skip_preflight": False,
+        "edge_acc_itl_slo_ms": 50.0,
+        "edge_acc_ttft_slo_ms": 2000.0,
     }
 
 

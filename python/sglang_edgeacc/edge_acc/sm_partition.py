@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 MPS_PERCENT_VAR = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 GREEN_CONTEXT_PERCENT_VAR = "EDGEACC_GREEN_CONTEXT_SM_PERCENT"
-SM_PARTITION_MODES: tuple[str, ...] = ("mps", "green-context", "none")
+SM_PARTITION_MODES: tuple[str, ...] = ("mps", "green-context", "adaptive", "none")
 ROLES: tuple[str, ...] = ("prefill", "decode")
 _PERCENT_FLAGS = {"prefill": "--edge-acc-prefill-sm-percent", "decode": "--edge-acc-decode-sm-percent"}
 
@@ -86,6 +86,11 @@ def child_env(
     if mode == "mps":
         logger.info("%s SM split: mps, %s=%d", prefix, MPS_PERCENT_VAR, percent)
         return {MPS_PERCENT_VAR: str(percent)}
+    if mode == "adaptive":
+        # An MPS percentage would forbid green contexts: the side runs unlimited and
+        # confines each batch to the partition the adaptive policy picks.
+        logger.info("%s SM split: adaptive green-context partitions, no fixed cap", prefix)
+        return {}
     if mode == "green-context":
         logger.info("%s SM split: green-context, %d%% of SMs on a green-context stream", prefix, percent)
         return {GREEN_CONTEXT_PERCENT_VAR: str(percent)}

@@ -128,6 +128,7 @@ class DecodeSideMixin:
         self._edge_write_fence = WriteFence(runner.device)
         self._edge_seq = 0
         self._edge_inflight: Optional[InflightPrefill] = None
+        self._edge_decode_steps: list[float] = []
         logger.info("%s prefill side pid %d is ready", self._edge_log_prefix(), ready.pid)
 
     # ----------------------------------------------------------------- the loop
@@ -147,8 +148,11 @@ class DecodeSideMixin:
                 batch = self._edge_next_decode_batch()
                 self.cur_batch_for_debug = batch
                 if batch is not None:
+                    step_start = time.perf_counter()
                     result = self.run_batch(batch)
                     self.process_batch_result(batch, result)
+                    if batch.forward_mode.is_decode():
+                        self._edge_decode_steps.append((time.perf_counter() - step_start) * 1e3)
                 elif self._edge_inflight is not None:
                     self._edge_channel.wait_readable(IDLE_WAIT_MS)
                 else:
@@ -185,7 +189,10 @@ class DecodeSideMixin:
         # The slots and req_to_token rows were written on this process's stream.
         written = self._edge_write_fence.signal()
         self._edge_seq += 1
-        self._edge_channel.send(PrefillWork(seq=self._edge_seq, batch=encode_batch(batch), written=written))
+        steps, self._edge_decode_steps = tuple(self._edge_decode_steps[-256:]), []
+        queued = sum(len(req.origin_input_ids) for req in self.waiting_queue)
+        self._edge_channel.send(PrefillWork(seq=self._edge_seq, batch=encode_batch(batch), written=written,
+                                            decode_step_ms=steps, queued_tokens=queued))
         self._edge_inflight = InflightPrefill(seq=self._edge_seq, batch=batch, sent_at=time.monotonic())
 
     def _edge_collect_prefill(self) -> None:

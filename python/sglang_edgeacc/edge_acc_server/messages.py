@@ -41,6 +41,9 @@ class PrefillWork:
     seq: int
     batch: bytes  # ScheduleBatch encoded by batch_codec
     written: Optional[OrderingToken]  # orders the decode side's req_to_token/KV writes
+    # Load the decode side saw since the previous batch, for the adaptive split.
+    decode_step_ms: tuple[float, ...] = ()
+    queued_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,8 @@ import torch
 
 from sglang_edgeacc.edge_acc.ordering import ReadFence
 from sglang_edgeacc.edge_acc.sm_partition import green_context_stream_from_env
+from sglang_edgeacc.edge_acc_server.adaptive import AdaptiveSplit
+from sglang_edgeacc.flags import get_flags
 from sglang_edgeacc.edge_acc.tensor_share import import_tensors
 from sglang_edgeacc.edge_acc_server import roles
 from sglang_edgeacc.edge_acc_server.batch_codec import LocalObjects, decode_batch
@@ -99,11 +101,16 @@ class PrefillSideMixin:
         adopt_shared_state(runner, self._edge_imported, self._edge_state)
         self._edge_read_fence = ReadFence(runner.device)
         self._edge_green_stream = None
-        if torch.device(runner.device).type == "cuda":
+        self._edge_split = None
+        device = torch.device(runner.device)
+        flags = get_flags(self.server_args)
+        if flags.edge_acc_sm_partition == "adaptive":
+            self._edge_split = AdaptiveSplit.create(flags, device, self._edge_tp_rank())
+        elif device.type == "cuda":
             # --edge-acc-sm-partition green-context: every prefill forward runs
             # on a stream confined to this side's share of the SMs.
             self._edge_green_stream = green_context_stream_from_env(
-                torch.device(runner.device).index or 0, role="prefill", tp_rank=self._edge_tp_rank()
+                device.index or 0, role="prefill", tp_rank=self._edge_tp_rank()
             )
 
     def _edge_prefill_local_objects(self) -> LocalObjects:
@@ -201,6 +208,8 @@ class PrefillSideMixin:
         if batch is None:
             batch = self._edge_decode_work(work, local)
         stream = self._edge_green_stream.stream if self._edge_green_stream is not None else None
+        if self._edge_split is not None:
+            stream = self._edge_split.stream_for(work)
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             if work.written is not None:
                 self._edge_read_fence.wait(work.written, stream)
@@ -208,6 +217,8 @@ class PrefillSideMixin:
         # .tolist() synchronises the host with the forward: the KV this batch wrote
         # into the shared pool is complete before the reply is sent.
         next_token_ids = result.next_token_ids.tolist()
+        if self._edge_split is not None:
+            self._edge_split.observe(work, (time.perf_counter() - start) * 1e3, batch.extend_num_tokens or 0)
         return PrefillResult(
             seq=work.seq,
             next_token_ids=next_token_ids,
