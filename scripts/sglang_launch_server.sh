@@ -23,8 +23,8 @@
 #                          MPS directories (default /tmp/nvidia-mps, /tmp/nvidia-log);
 #                          exported to the server so its processes find the daemon
 #
-# MPS: when EdgeAcc is on and SERVER_ARGS does not choose another SM split
-# (--edge-acc-sm-partition green-context or none), the script runs
+# MPS: when EdgeAcc is on and SERVER_ARGS does not choose time-slicing
+# (--edge-acc-sm-partition none), the script runs
 # `sglang-edgeacc mps start` (as "$PYTHON -m sglang_edgeacc.cli mps start", so
 # the same installation as the server) with CUDA_VISIBLE_DEVICES unset, so the
 # daemon sees every GPU; the server then gets the caller's CUDA_VISIBLE_DEVICES
@@ -135,7 +135,7 @@ start_mps() {
   outcome="$("$PYTHON" -m sglang_edgeacc.cli mps start)" || rc=$?
   if ((had_visible)); then export CUDA_VISIBLE_DEVICES="$visible"; fi
   if ((rc != 0)); then
-    die "could not start the CUDA MPS daemon (see above); fix that, or put --edge-acc-sm-partition green-context (or none) in SERVER_ARGS"
+    die "could not start the CUDA MPS daemon (see above); fix that, or put --edge-acc-sm-partition none in SERVER_ARGS"
   fi
   case "$outcome" in
     started*) mps_started=1 ;;
@@ -204,9 +204,10 @@ trap 'on_signal INT' INT
 require_positive_int "$SERVER_STOP_TIMEOUT" SERVER_STOP_TIMEOUT
 if ((edge_acc)); then
   case "$sm_partition" in
-    mps) start_mps ;;
-    green-context | none) log "EdgeAcc with --edge-acc-sm-partition $sm_partition: no MPS daemon needed" ;;
-    *) die "--edge-acc-sm-partition must be mps, green-context or none, got '$sm_partition'" ;;
+    # Two processes' kernels overlap only under MPS, whatever confines them.
+    mps | green-context | adaptive) start_mps ;;
+    none) log "EdgeAcc with --edge-acc-sm-partition none: no MPS daemon needed (the sides time-slice)" ;;
+    *) die "--edge-acc-sm-partition must be mps, green-context, adaptive or none, got '$sm_partition'" ;;
   esac
 fi
 

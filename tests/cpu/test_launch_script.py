@@ -208,8 +208,20 @@ def test_sigint_is_forwarded_and_semi_pd_name_is_accepted(launch_env):
     assert not (pipe(launch_env) / "nvidia-cuda-mps-control.pid").exists()
 
 
-@pytest.mark.parametrize("partition_args", ["--edge-acc-sm-partition green-context", "--edge-acc-sm-partition=none"])
-def test_no_mps_for_other_sm_partitions(launch_env, partition_args):
+@pytest.mark.parametrize("partition_args", ["--edge-acc-sm-partition green-context", "--edge-acc-sm-partition=adaptive"])
+def test_green_context_splits_run_under_mps_too(launch_env, partition_args):
+    # Green contexts confine a side's kernels; only MPS lets two processes' kernels overlap.
+    launch_env.update(ENABLE_EDGE_ACC="true", SERVER_ARGS=partition_args)
+    proc = start_script(launch_env)
+    wait_for_server(launch_env, proc)
+    assert daemon_started(launch_env)
+    proc.send_signal(signal.SIGTERM)
+    rc, err = finish(proc)
+    assert rc == 0, err
+
+
+@pytest.mark.parametrize("partition_args", ["--edge-acc-sm-partition none", "--edge-acc-sm-partition=none"])
+def test_no_mps_when_the_sides_time_slice(launch_env, partition_args):
     launch_env.update(ENABLE_EDGE_ACC="true", SERVER_ARGS=partition_args)
     proc = start_script(launch_env)
     server = wait_for_server(launch_env, proc)
@@ -289,7 +301,7 @@ def test_worker_left_in_the_group_is_stopped_on_normal_exit(launch_env):
         ({"ENABLE_EDGE_ACC": "maybe"}, "ENABLE_EDGE_ACC must be True/true/1"),
         ({"TENSOR_PARALLEL_SIZE": "eight"}, "TENSOR_PARALLEL_SIZE must be a positive integer"),
         ({"SERVER_ARGS": "--chat-template 'unclosed"}, "SERVER_ARGS has an unbalanced quote"),
-        ({"ENABLE_EDGE_ACC": "1", "SERVER_ARGS": "--edge-acc-sm-partition mig"}, "must be mps, green-context or none"),
+        ({"ENABLE_EDGE_ACC": "1", "SERVER_ARGS": "--edge-acc-sm-partition mig"}, "must be mps, green-context, adaptive or none"),
     ],
 )
 def test_bad_environment_is_refused_before_anything_starts(launch_env, overrides, message):
@@ -310,7 +322,7 @@ def test_mps_start_failure_stops_the_launch(launch_env, tmp_path):
     rc, err = finish(start_script(launch_env))
     assert rc == 2
     assert "nvidia-cuda-mps-control is not on PATH" in err
-    assert "--edge-acc-sm-partition green-context" in err
+    assert "--edge-acc-sm-partition none" in err
     assert not Path(launch_env["STUB_SERVER_RECORD"]).exists()
 
 

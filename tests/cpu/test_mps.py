@@ -159,7 +159,7 @@ def test_control_binary_missing_from_path(mps_env, tmp_path):
         result = mps(mps_env, action)
         assert result.returncode == 1
         assert "nvidia-cuda-mps-control is not on PATH" in result.stderr
-        assert "--edge-acc-sm-partition green-context" in result.stderr
+        assert "--edge-acc-sm-partition none" in result.stderr
 
 
 @pytest.mark.parametrize(

@@ -203,8 +203,8 @@ def find_control_binary() -> str:
         raise MpsControlNotFound(
             f"{CONTROL_BINARY} is not on PATH. It ships with the NVIDIA driver's utilities "
             "(in a container: run with the NVIDIA container toolkit and "
-            "NVIDIA_DRIVER_CAPABILITIES including 'compute,utility'). Without MPS, start the "
-            "server with --edge-acc-sm-partition green-context (or none)."
+            "NVIDIA_DRIVER_CAPABILITIES including 'compute,utility'). Without MPS the two sides "
+            "only time-slice the GPU: start the server with --edge-acc-sm-partition none."
         )
     return found
 
@@ -563,9 +563,10 @@ def require_daemon(pipe_dir: Optional[str] = None, *, timeout: float = DEFAULT_T
     """Raise unless an MPS control daemon answers where the EdgeAcc children will look.
 
     The EdgeAcc launcher calls this before it spawns the prefill and decode
-    sides with ``--edge-acc-sm-partition mps``: without a daemon, the CUDA
-    driver ignores ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` and both sides would
-    time-slice the whole GPU without saying so.
+    sides with any SM split but ``none``: without a daemon, the CUDA driver
+    ignores ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, the kernels of the two
+    processes never overlap, and both sides would time-slice the whole GPU
+    without saying so.
     """
     dirs = resolve_dirs(pipe_dir, None)
     hint = f"start one with `{START_COMMAND}`"
@@ -575,11 +576,11 @@ def require_daemon(pipe_dir: Optional[str] = None, *, timeout: float = DEFAULT_T
         binary = find_control_binary()
     except MpsControlNotFound as exc:
         raise MpsDaemonNotRunning(
-            f"EdgeAcc with --edge-acc-sm-partition mps needs the CUDA MPS control daemon, but {exc}"
+            f"EdgeAcc's concurrent sides need the CUDA MPS control daemon, but {exc}"
         ) from exc
     if send_command("get_server_list", dirs, timeout=timeout, binary=binary) is None:
         raise MpsDaemonNotRunning(
-            f"EdgeAcc with --edge-acc-sm-partition mps needs a CUDA MPS control daemon, and none "
+            f"EdgeAcc's concurrent sides need a CUDA MPS control daemon, and none "
             f"answers on {PIPE_DIR_ENV}={dirs.pipe_dir}: {hint} (scripts/sglang_launch_server.sh "
-            "does this for you), or pass --edge-acc-sm-partition green-context or none."
+            "does this for you), or pass --edge-acc-sm-partition none to let the sides time-slice."
         )
