@@ -34,17 +34,21 @@ One row per module of ``PATCH_MODULES`` (a test checks that every row exists).
   length its CUDA-graph path would use. Removable when upstream derives these
   from the platform (``get_platform()``) instead of ``SGLANG_USE_CPU_ENGINE``.
 * ``edge_acc`` — target: ``sglang.srt.managers.scheduler.Scheduler`` (class
-  REPLACE) and ``KVCacheConfigurator._resolve_memory_pool_config`` (AROUND),
-  plus the scheduler methods, ``run_scheduler_process``, ``PortArgs.init_new``
-  and the worker and pool symbols the EdgeAcc scheduler calls, checked for
-  their signatures; installed only in processes of a launch with
+  REPLACE); on the prefill side only, ``KVCacheConfigurator._resolve_memory_pool_config``,
+  ``model_loader.loader.get_model_loader`` and
+  ``MHATokenToKVPool._create_buffers_normal`` (AROUND); plus the scheduler,
+  worker, loader and pool symbols the EdgeAcc scheduler calls, checked for
+  their signatures. Installed only in processes of a launch with
   ``--enable-edge-acc`` (``SGLANG_EDGEACC=1``). Why: upstream has no intra-GPU
-  prefill/decode split; each GPU needs a decode side that owns all memory
-  state and a prefill side that only executes. How: ``EdgeAccScheduler``
-  (``edge_acc_server``) subclasses upstream's scheduler for both sides, and the
-  prefill side sizes its KV pools from its decode side's configuration instead
-  of profiling free memory. Removable when upstream ships intra-GPU P/D
-  disaggregation (or a scheduler extension point that carries it).
+  prefill/decode split; each GPU needs a decode side that owns all memory state
+  and a prefill side that only executes, without a second copy of weights or
+  KV. How: ``EdgeAccScheduler`` (``edge_acc_server``) subclasses upstream's
+  scheduler for both sides; the prefill side takes its decode side's pool
+  sizes, builds its model on the meta device and binds the decode side's
+  weights (``SharedWeightsLoader``), and builds its KV pool on the decode
+  side's buffers with upstream's ``_assign_post_capture_tensors``. Removable
+  when upstream ships intra-GPU P/D disaggregation (or a scheduler extension
+  point that carries it).
 * ``npu_preflight`` — target: resolution step ``handle_npu_backends``
   (``sglang.srt.arg_groups.platform_hook``) through ``register_resolution_hook``.
   Why: Ascend launches with DeepEP hang at "Capturing batches" or die in
