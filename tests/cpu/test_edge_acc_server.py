@@ -64,6 +64,7 @@ LAUNCHES = {
 def test_edge_acc_matches_upstream(cpu_servers, launch):
     args = LAUNCHES[launch]
     expected = _outputs(cpu_servers.get(*args))
+    cpu_servers.release(*args)  # two cores: one server at a time
     edge = cpu_servers.get(*args, "--enable-edge-acc")
     assert _outputs(edge) == expected
     assert all(expected["prefix_cached"]), "the shared prefix must hit the radix cache"
@@ -89,7 +90,9 @@ def _lone_then_burst(server) -> dict:
 )
 def test_edge_acc_with_data_parallelism_matches_upstream(cpu_servers, launch):
     expected = _lone_then_burst(cpu_servers.get(*launch))
+    cpu_servers.release(*launch)  # two cores: one server at a time
     got = _lone_then_burst(cpu_servers.get(*launch, "--enable-edge-acc"))
+    cpu_servers.release(*launch, "--enable-edge-acc")
     assert got["lone"] == expected["lone"]
     assert got["burst"] == expected["burst"]
     # Both DP groups served: requests of one group never came back from the other.
