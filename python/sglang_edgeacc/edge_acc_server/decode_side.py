@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
-import os
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -24,6 +23,7 @@ from sglang_edgeacc.edge_acc.sm_partition import child_env, environment_for_chil
 from sglang_edgeacc.edge_acc_server import roles
 from sglang_edgeacc.edge_acc_server.batch_codec import encode_batch
 from sglang_edgeacc.edge_acc_server.channel import PeerLost, SideChannel, new_endpoint
+from sglang_edgeacc.edge_acc_server.group_consensus import all_ranks_agree
 from sglang_edgeacc.edge_acc_server.messages import PrefillReady, PrefillResult, PrefillWork, Shutdown
 from sglang_edgeacc.edge_acc_server.port_plan import prefill_side_port_args
 from sglang_edgeacc.edge_acc_server.shared_state import export_model_runner_state
@@ -218,12 +218,7 @@ class DecodeSideMixin:
         they must merge a finished prefill in the same step; replies reach them
         at different times, so they agree on the slowest.
         """
-        group = self.attn_tp_cpu_group
-        if torch.distributed.get_world_size(group=group) == 1:
-            return ready
-        flag = torch.tensor([1 if ready else 0], dtype=torch.int32)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN, group=group)
-        return bool(flag.item())
+        return all_ranks_agree(ready, self.attn_tp_cpu_group)
 
     def _edge_finish_prefill(self, inflight: InflightPrefill, reply: PrefillResult) -> None:
         from sglang.srt.managers.utils import GenerationBatchResult

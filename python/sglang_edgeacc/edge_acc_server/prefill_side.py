@@ -27,6 +27,7 @@ from sglang_edgeacc.edge_acc.tensor_share import import_tensors
 from sglang_edgeacc.edge_acc_server import roles
 from sglang_edgeacc.edge_acc_server.batch_codec import LocalObjects, decode_batch
 from sglang_edgeacc.edge_acc_server.channel import SideChannel
+from sglang_edgeacc.edge_acc_server.group_consensus import all_ranks_agree
 from sglang_edgeacc.edge_acc_server.messages import (
     PrefillReady,
     PrefillResult,
@@ -155,7 +156,7 @@ class PrefillSideMixin:
         """
         skip_idle_sync = os.environ.get(SKIP_IDLE_SYNC_ENV) == "1"
         while True:
-            ready = self._edge_attn_group_all(self._edge_channel.wait_readable(0))
+            ready = all_ranks_agree(self._edge_channel.wait_readable(0), self.attn_tp_cpu_group)
             work = None
             if ready:
                 message = self._edge_channel.recv(timeout_s=None, peer_alive=peer_alive, what="a prefill batch")
@@ -178,16 +179,6 @@ class PrefillSideMixin:
                 self.tp_worker.forward_batch_generation(batch)
                 continue
             self._edge_serve(work, local, batch=batch)
-
-    def _edge_attn_group_all(self, flag: bool) -> bool:
-        import torch
-
-        group = self.attn_tp_cpu_group
-        if torch.distributed.get_world_size(group=group) == 1:
-            return flag
-        value = torch.tensor([1 if flag else 0], dtype=torch.int32)
-        torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MIN, group=group)
-        return bool(value.item())
 
     def _edge_decode_work(self, work: PrefillWork, local: LocalObjects):
         assert isinstance(work, PrefillWork), type(work)
