@@ -9,7 +9,6 @@ stream, and are aborted mid-stream.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import json
 import os
 import signal
 import time

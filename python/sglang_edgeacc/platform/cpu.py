@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 
-import psutil
 
 from sglang.srt.platforms.cpu import CpuDeviceMixin
 from sglang.srt.platforms.device_mixin import PlatformEnum
