@@ -24,7 +24,10 @@ KV_POOL = "token_to_kv_pool"
 KV_ALLOCATOR = "token_to_kv_pool_allocator"
 MODEL_CONFIG = "model_config"
 LOCAL_ONLY = "local_only"  # decode-side bookkeeping the forward never reads (radix nodes, caches)
-BACK_REFERENCE = "back_reference"  # a weak reference back to the batch; re-pointed after loading
+BACK_REFERENCE = "back_reference"
+# Objects from these modules are the decode side's bookkeeping (radix nodes,
+# caches, Prometheus collectors with their locks); the forward never reads them.
+LOCAL_ONLY_MODULES = ("sglang.srt.mem_cache.", "sglang.srt.observability.", "prometheus_client.")  # a weak reference back to the batch; re-pointed after loading
 
 
 def _local_types() -> dict[type, str]:
@@ -64,7 +67,7 @@ class _BatchPickler(pickle.Pickler):
             if isinstance(obj, cls):
                 return tag
         module = type(obj).__module__ or ""
-        if module.startswith("sglang.srt.mem_cache.") or isinstance(obj, (torch.cuda.Event, torch.cuda.Stream)):
+        if module.startswith(LOCAL_ONLY_MODULES) or isinstance(obj, (torch.cuda.Event, torch.cuda.Stream)):
             return LOCAL_ONLY
         return None
 
