@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Optional
 
@@ -128,7 +129,10 @@ class DecodeSideMixin:
         self._edge_write_fence = WriteFence(runner.device)
         self._edge_seq = 0
         self._edge_inflight: Optional[InflightPrefill] = None
-        self._edge_decode_steps: list[float] = []
+        # Only the adaptive split reads these; bounded, since decoding can go on
+        # for a long time between two prefill batches.
+        self._edge_adaptive = flags.edge_acc_sm_partition == "adaptive"
+        self._edge_decode_steps: deque[float] = deque(maxlen=256)
         logger.info("%s prefill side pid %d is ready", self._edge_log_prefix(), ready.pid)
 
     # ----------------------------------------------------------------- the loop
@@ -151,7 +155,7 @@ class DecodeSideMixin:
                     step_start = time.perf_counter()
                     result = self.run_batch(batch)
                     self.process_batch_result(batch, result)
-                    if batch.forward_mode.is_decode():
+                    if self._edge_adaptive and batch.forward_mode.is_decode():
                         self._edge_decode_steps.append((time.perf_counter() - step_start) * 1e3)
                 elif self._edge_inflight is not None:
                     self._edge_channel.wait_readable(IDLE_WAIT_MS)
@@ -189,8 +193,11 @@ class DecodeSideMixin:
         # The slots and req_to_token rows were written on this process's stream.
         written = self._edge_write_fence.signal()
         self._edge_seq += 1
-        steps, self._edge_decode_steps = tuple(self._edge_decode_steps[-256:]), []
-        queued = sum(len(req.origin_input_ids) for req in self.waiting_queue)
+        steps, queued = (), 0
+        if self._edge_adaptive:
+            steps = tuple(self._edge_decode_steps)
+            self._edge_decode_steps.clear()
+            queued = sum(len(req.origin_input_ids) for req in self.waiting_queue)
         self._edge_channel.send(PrefillWork(seq=self._edge_seq, batch=encode_batch(batch), written=written,
                                             decode_step_ms=steps, queued_tokens=queued))
         self._edge_inflight = InflightPrefill(seq=self._edge_seq, batch=batch, sent_at=time.monotonic())
