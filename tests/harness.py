@@ -122,8 +122,9 @@ class CpuServer:
         self.proc.wait(timeout=10)
 
     # --- requests -----------------------------------------------------------------
-    def generate(self, text, max_new_tokens: int = 8, **extra) -> dict | list:
-        payload = {"text": text, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}, **extra}
+    def generate(self, text, max_new_tokens: int = 8, sampling: dict | None = None, **extra) -> dict | list:
+        params = {"max_new_tokens": max_new_tokens, "temperature": 0, **(sampling or {})}
+        payload = {"text": text, "sampling_params": params, **extra}
         response = requests.post(f"{self.url}/generate", json=payload, timeout=120)
         response.raise_for_status()
         return response.json()

@@ -9,7 +9,9 @@ stream, and are aborted mid-stream.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import os
+import re
 import signal
 import time
 
@@ -23,9 +25,33 @@ pytestmark = pytest.mark.server
 
 LONG = " ".join(f"token{i}" for i in range(300))
 PROMPTS = ["Hello world", "The quick brown fox", LONG, LONG + " tail one", LONG + " tail two", "a b c d e f g"]
+ANSWER_REGEX = "(yes|no) [0-9]{3}"
+# Structured output: a regex, a JSON schema and an unconstrained request in one batch.
+CONSTRAINED = [{"regex": ANSWER_REGEX},
+               {"json_schema": json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}})},
+               {}]
 
 
-def _outputs(server) -> dict:
+# Sampling parameters the prefill side applies to the first token (penalties,
+# min_new_tokens, logit_bias) and ones the decode side's processing handles.
+SAMPLING_FEATURES = [
+    {"frequency_penalty": 1.5, "presence_penalty": 0.5, "repetition_penalty": 1.3},
+    {"min_new_tokens": 8},
+    {"logit_bias": {"5": 100.0}},
+    {"stop": ["a"]},
+    {"ignore_eos": True},
+    {"n": 2},
+]
+
+
+def _leading_values(hidden):
+    """The first values of a hidden-state vector, or of each row of a prompt's matrix."""
+    if hidden and isinstance(hidden[0], list):
+        return [_leading_values(row) for row in hidden]
+    return [float(f"{x:.4g}") for x in hidden[:8]]
+
+
+def _outputs(server, hidden_states: bool = False) -> dict:
     """A fingerprint of the server's behaviour on a fixed workload."""
     with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
         burst = list(pool.map(lambda p: server.generate(p, max_new_tokens=10), PROMPTS))
@@ -33,6 +59,13 @@ def _outputs(server) -> dict:
     logprobs = server.generate("The quick brown fox", max_new_tokens=4, return_logprob=True,
                                top_logprobs_num=2, logprob_start_len=0)["meta_info"]
     stream = server.generate_stream("Once upon a time", max_new_tokens=6)
+    with cf.ThreadPoolExecutor(len(CONSTRAINED)) as pool:
+        constrained = list(pool.map(lambda s: server.generate("Answer:", max_new_tokens=12, sampling=s), CONSTRAINED))
+    features = [server.generate("Tell me a story about", max_new_tokens=8, sampling=s) for s in SAMPLING_FEATURES]
+    hidden = None
+    if hidden_states:
+        reply = server.generate("The quick brown fox", max_new_tokens=3, return_hidden_states=True)
+        hidden = [_leading_values(h) for h in reply["meta_info"]["hidden_states"]]
     return {
         "burst": [r["output_ids"] for r in burst],
         "prefix_hits": [r["output_ids"] for r in prefix_hits],
@@ -42,6 +75,10 @@ def _outputs(server) -> dict:
         "top_logprobs": [[t[1] for t in x] for x in logprobs["output_top_logprobs"]],
         "stream_chunks": len(stream) > 1,
         "stream_final": stream[-1]["output_ids"] if "output_ids" in stream[-1] else stream[-1]["text"],
+        "constrained": [r["text"] for r in constrained],
+        "sampling_features": [[x["output_ids"] for x in r] if isinstance(r, list) else r["output_ids"]
+                              for r in features],
+        "hidden_states": hidden,
     }
 
 
@@ -54,7 +91,8 @@ def _abort_mid_stream(server) -> None:
 
 
 LAUNCHES = {
-    "tp1": ("--chunked-prefill-size", "128"),
+    "tp1": ("--chunked-prefill-size", "128", "--enable-return-hidden-states"),
+    "tp1_no_overlap": ("--chunked-prefill-size", "128", "--disable-overlap-schedule"),
     "tp2_page16": ("--tp", "2", "--page-size", "16", "--chunked-prefill-size", "128"),
 }
 
@@ -62,16 +100,25 @@ LAUNCHES = {
 @pytest.mark.parametrize("launch", list(LAUNCHES))
 def test_edge_acc_matches_upstream(cpu_servers, launch):
     args = LAUNCHES[launch]
-    expected = _outputs(cpu_servers.get(*args))
+    hidden = "--enable-return-hidden-states" in args
+    expected = _outputs(cpu_servers.get(*args), hidden)
     cpu_servers.release(*args)  # two cores: one server at a time
     edge = cpu_servers.get(*args, "--enable-edge-acc")
-    assert _outputs(edge) == expected
+    assert _outputs(edge, hidden) == expected
+    if hidden:  # the prompt's last position (computed by the prefill side), then one per decode step
+        assert len(expected["hidden_states"]) == 3 and any(expected["hidden_states"][0][0])
     assert all(expected["prefix_cached"]), "the shared prefix must hit the radix cache"
+    # The first token is sampled on the prefill side under the grammar's mask.
+    assert re.fullmatch(ANSWER_REGEX, expected["constrained"][0]), expected["constrained"]
+    assert expected["constrained"][1].lstrip().startswith("{")
 
     _abort_mid_stream(edge)
     # The aborted request's slots are freed and the server keeps serving identically.
     assert _outputs(edge)["burst"] == expected["burst"]
-    assert "[edgeacc decode tp0] prefill side pid" in edge.log_tail(10**7)
+    log = edge.log_tail(10**7)
+    assert "[edgeacc decode tp0] prefill side pid" in log
+    overlap = "--disable-overlap-schedule" not in args
+    assert f"[edgeacc decode tp0] decode loop, overlap schedule {'on' if overlap else 'off'}" in log
 
 
 def _lone_then_burst(server) -> dict:

@@ -3,7 +3,8 @@
 A ``ScheduleBatch`` points at the decode side's process-local machinery (pools,
 allocator, radix tree, model config). Those are not sent: the encoder replaces
 each with a reference by role, and the decoder binds the reference to the
-prefill side's own object -- whose pools map the very same memory. Everything
+prefill side's own object -- whose pools map the very same memory. A request's
+grammar travels as the vocab mask it filled (:mod:`grammar_mask`). Everything
 else (requests, sampling parameters, the small per-batch tensors) is pickled
 as is; it is a few kilobytes per batch.
 """
@@ -24,10 +25,10 @@ KV_POOL = "token_to_kv_pool"
 KV_ALLOCATOR = "token_to_kv_pool_allocator"
 MODEL_CONFIG = "model_config"
 LOCAL_ONLY = "local_only"  # decode-side bookkeeping the forward never reads (radix nodes, caches)
-BACK_REFERENCE = "back_reference"
+BACK_REFERENCE = "back_reference"  # a weak reference back to the batch; re-pointed after loading
 # Objects from these modules are the decode side's bookkeeping (radix nodes,
 # caches, Prometheus collectors with their locks); the forward never reads them.
-LOCAL_ONLY_MODULES = ("sglang.srt.mem_cache.", "sglang.srt.observability.", "prometheus_client.")  # a weak reference back to the batch; re-pointed after loading
+LOCAL_ONLY_MODULES = ("sglang.srt.mem_cache.", "sglang.srt.observability.", "prometheus_client.")
 
 
 def _local_types() -> dict[type, str]:
@@ -54,9 +55,15 @@ class LocalObjects:
 
 
 class _BatchPickler(pickle.Pickler):
-    def __init__(self, file, local_types: dict[type, str]):
+    def __init__(self, file, local_types: dict[type, str], grammar_masks: dict | None = None):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self._local_types = local_types
+        self._grammar_masks = grammar_masks or {}
+
+    def reducer_override(self, obj):
+        # A request's grammar is native decode-side state: it travels as the mask it filled.
+        stand_in = self._grammar_masks.get(id(obj)) if self._grammar_masks else None
+        return NotImplemented if stand_in is None else stand_in.__reduce__()
 
     def persistent_id(self, obj):
         if isinstance(obj, (torch.Tensor, str, bytes, int, float, list, tuple, dict)):
@@ -84,9 +91,11 @@ class _BatchUnpickler(pickle.Unpickler):
 
 
 def encode_batch(batch) -> bytes:
+    from sglang_edgeacc.edge_acc_server.grammar_mask import prefilled_grammar_masks
+
     buffer = io.BytesIO()
     try:
-        _BatchPickler(buffer, _local_types()).dump(batch)
+        _BatchPickler(buffer, _local_types(), prefilled_grammar_masks(batch)).dump(batch)
     except Exception as exc:
         raise TypeError(f"EdgeAcc cannot send this prefill batch: {exc}; unpicklable: {_unpicklable_paths(batch)}") from exc
     return buffer.getvalue()

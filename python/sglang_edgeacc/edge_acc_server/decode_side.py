@@ -3,7 +3,8 @@
 Scheduling is upstream's own (``get_new_batch_prefill`` admits, matches
 prefixes, chunks and allocates; ``update_running_batch`` decodes and retracts).
 What changes is the loop: a prefill batch is sent to the prefill side instead
-of being run here, and decode steps go on while it runs. One prefill batch is
+of being run here, and decode steps go on while it runs (pipelined as in
+upstream's overlap loop when the overlap schedule is on). One prefill batch is
 in flight at a time; its result is processed exactly as upstream processes a
 prefill it ran itself, then merged into the running batch.
 """
@@ -133,10 +134,25 @@ class DecodeSideMixin:
         # for a long time between two prefill batches.
         self._edge_adaptive = flags.edge_acc_sm_partition == "adaptive"
         self._edge_decode_steps: deque[float] = deque(maxlen=256)
+        self._edge_last_decode_done: Optional[float] = None
         logger.info("%s prefill side pid %d is ready", self._edge_log_prefix(), ready.pid)
 
     # ----------------------------------------------------------------- the loop
     def event_loop_edge_acc_decode(self) -> None:
+        """Decode steps go on while the prefill side runs; with overlap on, as upstream's overlap loop.
+
+        With the overlap schedule (upstream's default) a decode step is launched
+        before the previous step's result is processed, so the CPU work of one
+        step (result processing, the prefill hand-off, scheduling) runs while the
+        device computes the next: upstream's ``event_loop_overlap`` order, with
+        the prefill forward replaced by the hand-off. ``--disable-overlap-schedule``
+        processes each result in its own step, as ``event_loop_normal`` does.
+        """
+        overlap = self.enable_overlap
+        # As event_loop_overlap: update_running_batch leaves out the requests
+        # that the one pending result finishes by length.
+        self.enable_skip_finishing_decode = overlap
+        logger.info("%s decode loop, overlap schedule %s", self._edge_log_prefix(), "on" if overlap else "off")
         try:
             while not self.gracefully_exit:
                 self.ingest_requests()
@@ -151,20 +167,53 @@ class DecodeSideMixin:
 
                 batch = self._edge_next_decode_batch()
                 self.cur_batch_for_debug = batch
+                result = None
                 if batch is not None:
-                    step_start = time.perf_counter()
                     result = self.run_batch(batch)
-                    self.process_batch_result(batch, result)
-                    if self._edge_adaptive and batch.forward_mode.is_decode():
-                        self._edge_decode_steps.append((time.perf_counter() - step_start) * 1e3)
-                elif self._edge_inflight is not None:
-                    self._edge_channel.wait_readable(IDLE_WAIT_MS)
-                else:
-                    self._sched_idled = True
-                    self.on_idle()
+                    if overlap:
+                        # Result processing writes nothing this forward still reads.
+                        self._apply_war_barrier()
+                        self.result_queue.append((batch.copy(), result))
+                    else:
+                        self._edge_process_decode_result(batch, result)
+                # The previous step's result, while this step runs on the device.
+                while len(self.result_queue) > (1 if batch is not None else 0):
+                    self._edge_process_decode_result(*self.result_queue.popleft())
+                # Grammar batches sample after the previous result advanced their grammars.
+                self.launch_batch_sample_if_needed(result, batch)
+
+                if batch is None:
+                    self._edge_last_decode_done = None
+                    if self._edge_inflight is not None:
+                        self._edge_channel.wait_readable(IDLE_WAIT_MS)
+                    elif self.last_batch is None:
+                        self._sched_idled = True
+                        self.on_idle()
                 self.last_batch = batch
         finally:
             self._edge_stop_prefill_side()
+
+    def _edge_process_decode_result(self, batch, result) -> None:
+        self.process_batch_result(batch, result)
+        if not self._edge_adaptive:
+            return
+        # The adaptive split is driven by inter-token latency: the time between
+        # two consecutive decode results, whatever the loop did in between.
+        now = time.perf_counter()
+        if not batch.forward_mode.is_decode():
+            self._edge_last_decode_done = None
+            return
+        if self._edge_last_decode_done is not None:
+            self._edge_decode_steps.append((now - self._edge_last_decode_done) * 1e3)
+        self._edge_last_decode_done = now
+
+    def is_fully_idle(self, for_health_check=False, ignore_waiting=False) -> bool:
+        # The requests of an in-flight prefill batch are in no queue and no
+        # running batch, but they hold slots: flushing the cache or reporting
+        # the engine idle now would free memory the prefill side is writing.
+        if getattr(self, "_edge_inflight", None) is not None:
+            return False
+        return super().is_fully_idle(for_health_check=for_health_check, ignore_waiting=ignore_waiting)
 
     def _edge_check_prefill_side(self) -> None:
         if not self._edge_prefill_proc.is_alive():

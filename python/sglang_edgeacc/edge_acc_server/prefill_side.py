@@ -205,6 +205,10 @@ class PrefillSideMixin:
             if work.written is not None:
                 self._edge_read_fence.wait(work.written, stream)
             result = self.tp_worker.forward_batch_generation(batch)
+            if result.delay_sample_func is not None:
+                # With overlap on, the worker defers sampling for grammar batches
+                # to the scheduler; here it is due at once.
+                result.delay_sample_func()
         # .tolist() synchronises the host with the forward: the KV this batch wrote
         # into the shared pool is complete before the reply is sent.
         next_token_ids = result.next_token_ids.tolist()
@@ -213,20 +217,19 @@ class PrefillSideMixin:
         return PrefillResult(
             seq=work.seq,
             next_token_ids=next_token_ids,
-            logits_output=_host_logits_output(result.logits_output, batch.return_logprob),
+            logits_output=_host_logits_output(result.logits_output, batch.return_logprob,
+                                              batch.return_hidden_states),
             forward_ms=(time.perf_counter() - start) * 1e3,
         )
 
 
-def _host_logits_output(logits_output, return_logprob: bool):
-    """The part of the logits output the decode side's result processing reads."""
+def _host_logits_output(logits_output, return_logprob: bool, return_hidden_states: bool):
+    """The part of the logits output the decode side's result processing reads, on the host."""
     if logits_output is None:
         return None
     import dataclasses
 
-    import torch
-
-    if not return_logprob:
+    if not (return_logprob or return_hidden_states):
         return dataclasses.replace(logits_output, next_token_logits=None, hidden_states=None)
     moved = {}
     for f in dataclasses.fields(logits_output):
@@ -236,5 +239,6 @@ def _host_logits_output(logits_output, return_logprob: bool):
         elif isinstance(value, list):
             moved[f.name] = [v.cpu() if isinstance(v, torch.Tensor) else v for v in value]
     moved["next_token_logits"] = None
-    moved["hidden_states"] = None
+    if not return_hidden_states:
+        moved["hidden_states"] = None
     return dataclasses.replace(logits_output, **moved)

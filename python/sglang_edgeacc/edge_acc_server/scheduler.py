@@ -74,7 +74,16 @@ class EdgeAccScheduler(PrefillSideMixin, DecodeSideMixin, Scheduler):
             # After the worker is complete: its TP group picks the prefill sides' ports.
             self._edge_decode_start_prefill_side()
 
-    def run_event_loop(self) -> None:
+    # Upstream's run_event_loop sets up what every loop runs under (the schedule
+    # stream, distinct from the forward stream; the WAR barrier; time accounting)
+    # and then picks the overlap or the normal loop: both are EdgeAcc's here.
+    def event_loop_overlap(self) -> None:
+        self._edge_event_loop()
+
+    def event_loop_normal(self) -> None:
+        self._edge_event_loop()
+
+    def _edge_event_loop(self) -> None:
         if self.edge_acc_role == roles.PREFILL:
             self.event_loop_edge_acc_prefill()
         else:

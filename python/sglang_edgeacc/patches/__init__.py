@@ -46,7 +46,11 @@ One row per module of ``PATCH_MODULES`` (a test checks that every row exists).
   scheduler for both sides; the prefill side takes its decode side's pool
   sizes, builds its model on the meta device and binds the decode side's
   weights (``SharedWeightsLoader``), and builds its KV pool on the decode
-  side's buffers with upstream's ``_assign_post_capture_tensors``. Removable
+  side's buffers with upstream's ``_assign_post_capture_tensors``. Upstream's
+  ``run_event_loop`` still runs (schedule stream, WAR barrier, accounting); the
+  two loops it dispatches to, ``event_loop_overlap`` and ``event_loop_normal``,
+  are the EdgeAcc loops of the side. Request grammars cross to the prefill side
+  as the vocab mask the decode side filled. Removable
   when upstream ships intra-GPU P/D disaggregation (or a scheduler extension
   point that carries it).
 * ``npu_preflight`` — target: resolution step ``handle_npu_backends``

@@ -1,0 +1,155 @@
+"""The decode side's loop keeps upstream's overlap order.
+
+The real-server tests (test_edge_acc_server.py) show that outputs are
+upstream's with the overlap schedule on and off; they cannot see *when* a
+result is processed. Here the loop of :class:`DecodeSideMixin` runs against a
+recording stand-in for the rest of the scheduler, and the order of launches,
+result processing and delayed sampling is checked against the rules upstream's
+``event_loop_overlap`` follows.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_edgeacc.edge_acc_server.decode_side import DecodeSideMixin
+
+
+class _DecodeBatch:
+    def __init__(self, step: int):
+        self.step = step
+        self.forward_mode = SimpleNamespace(is_decode=lambda: True)
+
+    def copy(self):
+        return _DecodeBatch(self.step)
+
+
+class _RecordingDecodeSide(DecodeSideMixin):
+    """The decode loop with everything around it replaced by a recorder."""
+
+    def __init__(self, overlap: bool, steps: int):
+        self.enable_overlap = overlap
+        self.steps = steps
+        self.events: list[tuple[str, int]] = []
+        self.queue_sizes_at_scheduling: list[int] = []
+        self.result_queue = deque()
+        self.gracefully_exit = False
+        self._engine_paused = False
+        self._edge_inflight = None
+        self._edge_adaptive = False
+        self._edge_last_decode_done = None
+        self.waiting_queue = []
+        self.running_batch = SimpleNamespace(batch_size=lambda: 1)
+        self.edge_acc_stats = SimpleNamespace(record_queues=lambda *a: None)
+        self.last_batch = None
+        self._next = 1
+
+    # the scheduler around the loop
+    def ingest_requests(self):
+        pass
+
+    def _edge_check_prefill_side(self):
+        pass
+
+    def _edge_collect_prefill(self):
+        pass
+
+    def _edge_dispatch_prefill(self):
+        pass
+
+    def _edge_log_prefix(self):
+        return "[edgeacc decode tp0]"
+
+    def _edge_stop_prefill_side(self):
+        self.events.append(("stop", 0))
+
+    def on_idle(self):
+        pass
+
+    def _apply_war_barrier(self):
+        pass
+
+    def _edge_next_decode_batch(self):
+        self.queue_sizes_at_scheduling.append(len(self.result_queue))
+        if self._next > self.steps:
+            self.gracefully_exit = True
+            return None
+        batch = _DecodeBatch(self._next)
+        self._next += 1
+        return batch
+
+    def run_batch(self, batch):
+        self.events.append(("run", batch.step))
+        return SimpleNamespace(step=batch.step)
+
+    def process_batch_result(self, batch, result):
+        assert batch.step == result.step
+        self.events.append(("process", batch.step))
+
+    def launch_batch_sample_if_needed(self, result, batch):
+        if result is not None:
+            self.events.append(("sample", batch.step))
+
+
+def _at(events, what, step):
+    return events.index((what, step))
+
+
+def test_overlap_launches_the_next_step_before_processing_the_previous():
+    side = _RecordingDecodeSide(overlap=True, steps=5)
+    side.event_loop_edge_acc_decode()
+    ev = side.events
+    assert [s for what, s in ev if what == "process"] == [1, 2, 3, 4, 5], ev
+    for step in range(2, 6):
+        assert _at(ev, "run", step) < _at(ev, "process", step - 1), ev  # pipelined
+        # A delayed (grammar) sample waits for the previous result, which advanced the grammar.
+        assert _at(ev, "process", step - 1) < _at(ev, "sample", step), ev
+    assert ev[-1] == ("stop", 0)
+    # update_running_batch sees at most the one pending result (_reqs_finishing_inflight asserts it).
+    assert max(side.queue_sizes_at_scheduling) == 1
+    assert side.enable_skip_finishing_decode is True
+    assert not side.result_queue
+
+
+def test_without_overlap_each_result_is_processed_in_its_step():
+    side = _RecordingDecodeSide(overlap=False, steps=4)
+    side.event_loop_edge_acc_decode()
+    ev = side.events
+    for step in range(1, 4):
+        assert _at(ev, "process", step) < _at(ev, "run", step + 1), ev
+    assert max(side.queue_sizes_at_scheduling) == 0
+    assert side.enable_skip_finishing_decode is False
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_failing_step_still_stops_the_prefill_side(overlap):
+    side = _RecordingDecodeSide(overlap=overlap, steps=3)
+
+    def fail(batch):
+        raise RuntimeError("forward failed")
+
+    side.run_batch = fail
+    with pytest.raises(RuntimeError, match="forward failed"):
+        side.event_loop_edge_acc_decode()
+    assert side.events[-1] == ("stop", 0)
+
+
+class _IdleUpstream:
+    def is_fully_idle(self, for_health_check=False, ignore_waiting=False):
+        return True
+
+
+class _IdleDecodeSide(DecodeSideMixin, _IdleUpstream):
+    pass
+
+
+def test_a_prefill_in_flight_keeps_the_decode_side_busy():
+    """/flush_cache and health checks ask is_fully_idle; in-flight requests are in no queue but hold slots."""
+    side = _IdleDecodeSide()
+    side._edge_inflight = object()
+    assert side.is_fully_idle() is False
+    side._edge_inflight = None
+    assert side.is_fully_idle(ignore_waiting=True) is True
