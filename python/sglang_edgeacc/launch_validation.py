@@ -50,6 +50,9 @@ EDGE_ACC_RULES: tuple[Rule, ...] = (
     Rule("--enable-memory-saver", lambda a: a.enable_memory_saver,
          "memory-saver allocations cannot be exported through CUDA IPC to the prefill side. "
          "Drop --enable-memory-saver or --enable-edge-acc."),
+    Rule("--is-embedding", lambda a: bool(getattr(a, "is_embedding", False)),
+         "an embedding or reward model only runs prefill, so there is no decode to protect. "
+         "Drop --enable-edge-acc."),
     Rule("--enable-lora", lambda a: bool(a.enable_lora) or bool(getattr(a, "lora_paths", None)),
          "LoRA adapters are not shared with the prefill side yet. Drop the LoRA flags or --enable-edge-acc."),
 )

@@ -38,6 +38,7 @@ INCOMPATIBLE = {
     "mixed_chunk": ("--enable-mixed-chunk", ["--enable-mixed-chunk"]),
     "memory_saver": ("--enable-memory-saver", ["--enable-memory-saver"]),
     "lora": ("--enable-lora", ["--enable-lora"]),
+    "embedding": ("--is-embedding", ["--is-embedding"]),
 }
 PERCENT_FLAGS = ("--edge-acc-prefill-sm-percent", "--edge-acc-decode-sm-percent")
 OUT_OF_RANGE = ("0", "101")

@@ -79,6 +79,12 @@ class DecodeSideMixin:
         from sglang.srt.managers.scheduler import run_scheduler_process
         from sglang.srt.utils.common import broadcast_pyobj
 
+        if not self.is_generation:
+            # Found from the model's architecture (no --is-embedding on the command line).
+            raise RuntimeError(
+                f"{self._edge_log_prefix()} --enable-edge-acc needs a generation model; this one only embeds "
+                "or scores (no decode to protect). Drop --enable-edge-acc."
+            )
         flags = get_flags(self.server_args)
         ranks = _spawn_ranks()
         self._edge_ranks = ranks
