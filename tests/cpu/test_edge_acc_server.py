@@ -195,3 +195,47 @@ def test_edge_acc_metrics_on_upstream_endpoint(cpu_servers):
     for series in ("sglang_edgeacc_prefill_handoff_seconds", "sglang_edgeacc_prefill_batches",
                    "sglang_edgeacc_decode_running_requests", "sglang_edgeacc_sm_percent"):
         assert series in text, series
+
+
+def _random_checkpoint(directory, seed: int) -> str:
+    """The shipped tiny model's config and tokenizer with random weights saved as safetensors."""
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from sglang_edgeacc.tiny_model import model_dir
+
+    shutil.copytree(model_dir(), directory, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(directory))
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0, 0.5)
+    model.save_pretrained(directory, safe_serialization=True)
+    return str(directory)
+
+
+def test_weight_update_from_disk_reaches_the_prefill_side(tmp_path):
+    """Upstream updates weights in place on the decode side; the prefill side maps that memory.
+
+    The first token of every request is sampled by the prefill side, so outputs after
+    the update equal upstream's only if the prefill side computes with the new weights.
+    """
+    first = _random_checkpoint(tmp_path / "first", seed=1)
+    second = _random_checkpoint(tmp_path / "second", seed=2)
+    seen = {}
+    for name, extra in (("upstream", ()), ("edge", ("--enable-edge-acc",))):
+        server = CpuServer(args=("--model-path", first, "--load-format", "auto", *extra)).start()
+        try:
+            before = server.generate("The quick brown fox", max_new_tokens=8)["output_ids"]
+            reply = requests.post(f"{server.url}/update_weights_from_disk", json={"model_path": second}, timeout=300)
+            after = server.generate("The quick brown fox", max_new_tokens=8)["output_ids"]
+            seen[name] = (before, reply.json()["success"], after)
+            if extra:  # the decode side checked that the prefill side's mapping still holds the weights
+                assert "update_weights_from_disk: weights updated in place" in server.log_tail(10**7)
+        finally:
+            server.stop()
+    assert seen["edge"] == seen["upstream"]
+    before, success, after = seen["edge"]
+    assert success and before != after

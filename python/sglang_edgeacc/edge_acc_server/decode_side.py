@@ -143,6 +143,16 @@ class DecodeSideMixin:
         self._edge_last_decode_done: Optional[float] = None
         logger.info("%s prefill side pid %d is ready", self._edge_log_prefix(), ready.pid)
 
+    def init_weight_updater(self) -> None:
+        super().init_weight_updater()
+        if roles.role() == roles.DECODE:
+            from sglang_edgeacc.edge_acc_server.weight_update_guard import GuardedWeightUpdater
+
+            # Before init_request_dispatcher binds the update handlers.
+            runner = self.tp_worker.model_runner
+            self.weight_updater = GuardedWeightUpdater(self.weight_updater, lambda: runner.model,
+                                                       self._edge_log_prefix())
+
     # ----------------------------------------------------------------- the loop
     def event_loop_edge_acc_decode(self) -> None:
         """Decode steps go on while the prefill side runs; with overlap on, as upstream's overlap loop.
@@ -248,13 +258,19 @@ class DecodeSideMixin:
         # The slots and req_to_token rows were written on this process's stream.
         written = self._edge_write_fence.signal()
         self._edge_seq += 1
-        steps, queued = (), 0
+        load = {}
         if self._edge_adaptive:
-            steps = tuple(self._edge_decode_steps)
+            # What the policy needs: the ITL just seen, the queue, and the decode
+            # load this batch will run next to (it moves the split before that load bites).
+            running = self.running_batch.reqs
+            load = dict(
+                decode_step_ms=tuple(self._edge_decode_steps),
+                queued_tokens=sum(len(req.origin_input_ids) for req in self.waiting_queue),
+                decode_batch_size=len(running),
+                decode_context_tokens=sum(len(req.origin_input_ids) + len(req.output_ids) for req in running),
+            )
             self._edge_decode_steps.clear()
-            queued = sum(len(req.origin_input_ids) for req in self.waiting_queue)
-        self._edge_channel.send(PrefillWork(seq=self._edge_seq, batch=encode_batch(batch), written=written,
-                                            decode_step_ms=steps, queued_tokens=queued))
+        self._edge_channel.send(PrefillWork(seq=self._edge_seq, batch=encode_batch(batch), written=written, **load))
         self._edge_inflight = InflightPrefill(seq=self._edge_seq, batch=batch, sent_at=time.monotonic())
 
     def _edge_collect_prefill(self) -> None:

@@ -50,7 +50,9 @@ One row per module of ``PATCH_MODULES`` (a test checks that every row exists).
   ``run_event_loop`` still runs (schedule stream, WAR barrier, accounting); the
   two loops it dispatches to, ``event_loop_overlap`` and ``event_loop_normal``,
   are the EdgeAcc loops of the side. Request grammars cross to the prefill side
-  as the vocab mask the decode side filled. Removable
+  as the vocab mask the decode side filled. The decode side's weight-updater
+  component is wrapped (``init_weight_updater``, before the request dispatcher
+  binds it) to check that updates stay in the memory the prefill side maps. Removable
   when upstream ships intra-GPU P/D disaggregation (or a scheduler extension
   point that carries it).
 * ``npu_preflight`` — target: resolution step ``handle_npu_backends``

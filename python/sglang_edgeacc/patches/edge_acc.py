@@ -83,6 +83,8 @@ PATCH = Patch(
         Target(f"{SCHEDULER}.Scheduler._apply_war_barrier", params=("self",)),
         Target(f"{SCHEDULER}.Scheduler.launch_batch_sample_if_needed", params=("self", "batch_result", "cur_batch")),
         Target(f"{SCHEDULER}.Scheduler._reqs_finishing_inflight", params=("self", "batch")),
+        Target(f"{SCHEDULER}.Scheduler.init_weight_updater", params=("self",)),
+        Target(f"{SCHEDULER}.Scheduler.init_request_dispatcher", params=("self",)),
         Target(f"{SCHEDULER}.Scheduler.is_fully_idle", params=("self", "for_health_check", "ignore_waiting")),
         Target("sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo.update_regex_vocab_mask", params=("self",)),
         Target("sglang.srt.constrained.base_grammar_backend.BaseGrammarObject"),
