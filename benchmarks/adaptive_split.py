@@ -6,29 +6,45 @@ One GPU, the Qwen3-shaped model of ``latency_physics.py`` (random weights), deco
   decode-only        reference
   chunked-C          one stream, one C-token chunk between two decode steps (latency_physics's
   chunked-C-graphed  run_single_process, imported, not copied)
-  green-N            fixed split: prefill on a green-context stream of N SMs, decode on an
+  green-N[-hp]       fixed split: prefill on a green-context stream of N SMs, decode on an
                      ordinary stream over the whole GPU, concurrently (two host threads of one
-                     process)
-  adaptive-itlX      the same, but every prefill piece picks its green context through
+                     process); -hp: the decode stream at the greatest priority
+                     (--decode-priority)
+  green-all-lowprio  with --whole-gpu-top: the top "partition", all SMs on a least-priority
+                     stream (no green context)
+  adaptive-itlX      the same, but every prefill piece picks its partition through
                      edge_acc.adaptive_split.AdaptiveSplitPolicy, fed with the decode side's
-                     measured step times, ITL SLO X ms, TTFT SLO ~0 (always grow when ITL allows)
+                     measured step times and batch size, ITL SLO X ms, TTFT SLO ~0 (always grow
+                     when ITL allows)
+  2proc-S[-hp]       --two-process-arms: EdgeAcc's form, a second process prefills on S (an SM
+                     count, all-lowprio, or all) while this one decodes; start an MPS daemon
+                     first (benchmarks/adaptive_split_h200.sh) so that both are unlimited MPS
+                     clients and overlap
 
-Design choice: EdgeAcc's production split is two processes under MPS with the decode side
-at 100 % and the prefill side capped. Green contexts cannot be created in an MPS client with
-a percentage, and two processes without MPS time-slice instead of running concurrently, so
-here the two sides are two threads of one process on separate streams: decode uncapped on an
-ordinary stream (as EdgeAcc's decode at 100 %), prefill confined to its green context (as
-EdgeAcc's capped prefill side). Prefill runs eager in pieces of ``--piece`` tokens of whole
-prompts, so the policy decides per piece and a piece's kernels fit the launch queue.
+Design choice for the one-process arms: EdgeAcc's production split is two processes under
+MPS; here the two sides are two threads of one process on separate streams, decode
+unconfined, prefill confined to its green context, so that the policy can be driven per
+piece without a transport. The 2proc arms check that the server's form behaves alike.
+Prefill runs eager in pieces of ``--piece`` tokens of whole prompts, so the policy decides
+per piece and a piece's kernels fit the launch queue.
 
 Then a phased load (``--phase-seconds`` each): calm (decode batch ``--decode-batch``, prompts
 at a low rate), burst (decode batch ``--burst-decode-batch``: new requests not decoding yet,
-prompts at a high rate), calm again. Per phase and arm: decode P99 against the ITL target and
-TTFT P90 (prompt arrival to its last piece) against the TTFT target. Targets and rates are
-derived from the steady arms of the same run unless given (see --itl-slo-ms).
+prompts at a high rate), calm again. A phase's decode batch takes effect at the next prefill
+piece (``--load-change-at piece``, EdgeAcc's order) or at the boundary itself (``time``).
+Per phase and arm: decode P99 against the ITL target (and the steps over it) and TTFT P90
+(prompt arrival to its last piece) against the TTFT target. Targets and rates are derived
+from the steady arms of the same run (``--target-split``) unless given (see --itl-slo-ms;
+with --phase-ref-tok-s too, no steady arm is needed). ``--phased-policies`` names the policy
+arms (drain = the module's default since run 4, ff = run 3's default, ...);
+``--queue-before-choose`` reports the queue before each choice, as the server does.
 
-    PYTHONPATH=python python3 benchmarks/adaptive_split.py --out $OUT                # H200
-    PYTHONPATH=python python3 benchmarks/adaptive_split.py --dry-run                 # CPU, tiny
+    OUT=... ONE_ARGS="..." bash benchmarks/adaptive_split_h200.sh              # H200 (docs/benchmarks.md)
+    PYTHONPATH=python python3 benchmarks/adaptive_split.py --out $OUT          # one-process arms only
+    PYTHONPATH=python python3 benchmarks/adaptive_split.py --dry-run           # CPU, tiny
+    # the phased load only, run 3's definition (docs/benchmarks.md, run4_phased):
+    ... --skip-chunked --skip-adaptive-steady --steady-fixed none --queue-before-choose \
+        --phased-policies drain,ff --itl-slo-ms 21.87 --ttft-slo-ms 2400 --phase-ref-tok-s 10240
 """
 
 from __future__ import annotations
@@ -37,6 +53,7 @@ import argparse
 import contextlib
 import json
 import logging
+import multiprocessing as mp
 import os
 import sys
 import threading
@@ -51,15 +68,27 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
-from latency_physics import SHAPES, ArmResult, DecodeRunner, percentile, run_decode_only, run_single_process  # noqa: E402
+from latency_physics import (  # noqa: E402
+    SHAPES,
+    ArmResult,
+    DecodeRunner,
+    percentile,
+    run_decode_only,
+    run_single_process,
+    summarize,
+)
 from qwen3_shaped import Qwen3Forward, random_weights  # noqa: E402
 
 from sglang_edgeacc.edge_acc.adaptive_split import (  # noqa: E402
     AdaptiveSplitConfig,
     AdaptiveSplitPolicy,
+    HIGHEST_STREAM_PRIORITY,
+    LOWEST_STREAM_PRIORITY,
     GreenContextPartitions,
     default_sm_counts,
+    whole_gpu_low_priority_stream,
 )
+from sglang_edgeacc.edge_acc.sm_partition import green_context_stream, visible_sm_count  # noqa: E402
 
 logger = logging.getLogger("adaptive_split_bench")
 
@@ -86,19 +115,23 @@ class PhaseResult:
     ttft_p90_ms: Optional[float]
     prompts_waiting_at_end: int
     mean_prefill_sms: Optional[float]
+    decode_max_ms: float = float("nan")
+    steps_over_itl_target: Optional[int] = None  # phased runs: decode steps above the ITL target
 
 
 class Partitions:
     """Green-context streams, or plain contexts on the CPU dry run (no confinement there)."""
 
-    def __init__(self, device: torch.device, sm_counts: list[int]):
+    def __init__(self, device: torch.device, sm_counts: list[int], whole_gpu_top: bool = False, total_sms: int = 132):
         self.device = device
         if device.type == "cuda":
-            self.green = GreenContextPartitions(sm_counts, device.index or 0)
+            self.green = GreenContextPartitions(sm_counts, device.index or 0, whole_gpu_top=whole_gpu_top)
             self.sm_counts = self.green.sm_counts
+            self.labels = self.green.labels
         else:
             self.green = None
-            self.sm_counts = sm_counts
+            self.sm_counts = sm_counts + ([total_sms] if whole_gpu_top else [])
+            self.labels = [str(n) for n in sm_counts] + (["all-lowprio"] if whole_gpu_top else [])
 
     def __len__(self) -> int:
         return len(self.sm_counts)
@@ -127,8 +160,21 @@ def run_concurrent(
     piece: int,
     pick: Callable[[], int],
     policy: Optional[AdaptiveSplitPolicy] = None,
+    decode_priority: int = 0,
+    load_change_at: str = "time",
+    itl_target_ms: Optional[float] = None,
+    queue_before_choose: bool = False,
 ) -> tuple[list[PhaseResult], list[tuple[float, int]]]:
-    """Decode in a thread, prefill pieces here; returns per-phase results and the (t, partition) trace."""
+    """Decode in a thread, prefill pieces here; returns per-phase results and the (t, partition) trace.
+
+    ``load_change_at``: when a phase's decode batch takes effect. ``time``: at the phase
+    boundary, whatever the prefill side is doing (an exogenous jump; run 2). ``piece``: at
+    the first prefill piece (or idle check) after the boundary, as in EdgeAcc, where the
+    decode batch grows when the decode side collects a prefill result and it dispatches
+    the next prefill batch, with its new load, in the same loop iteration.
+    """
+    if load_change_at not in ("time", "piece"):
+        raise ValueError(f"load_change_at must be 'time' or 'piece', got {load_change_at!r}")
     device = prompt.device
     length = prompt.shape[0]
     bounds, acc = [], 0.0
@@ -150,12 +196,18 @@ def run_concurrent(
             while a + k / ph.prompts_per_s < b:
                 arrivals.append(a + k / ph.prompts_per_s)
                 k += 1
-    decode_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+    decode_stream = torch.cuda.Stream(device, priority=decode_priority) if device.type == "cuda" else None
     stop = threading.Event()
     decode_log: list[tuple[float, float]] = []  # (t completion, itl ms)
     mailbox: deque = deque()  # the decode side's step times, as it would send them to the prefill side
     t0_box: list[float] = []
     ready = threading.Event()
+    batch_box = [phases[0].decode_batch]  # the decode batch now, when load_change_at == "piece"
+
+    def admit_load(t: float) -> int:
+        """The prefill side's view at a piece start: the decode batch from now on."""
+        batch_box[0] = bounds[phase_at(t)][2].decode_batch
+        return batch_box[0]
 
     def decode_loop() -> None:
         ctx = torch.cuda.stream(decode_stream) if decode_stream is not None else contextlib.nullcontext()
@@ -169,12 +221,12 @@ def run_concurrent(
             t0 = t0_box[0]
             last = time.perf_counter()
             while not stop.is_set():
-                runner = runners[bounds[phase_at(last - t0)][2].decode_batch]
-                runner.step()
+                batch = bounds[phase_at(last - t0)][2].decode_batch if load_change_at == "time" else batch_box[0]
+                runners[batch].step()
                 now = time.perf_counter()
                 ms = (now - last) * 1e3
                 decode_log.append((now - t0, ms))
-                mailbox.append(ms)
+                mailbox.append((ms, batch))
                 last = now
 
     th = threading.Thread(target=decode_loop, name="decode", daemon=True)
@@ -199,6 +251,7 @@ def run_concurrent(
                 break
             while arrivals and arrivals[0] <= now:
                 queue.append(arrivals.popleft())
+            admit_load(now)
             if not queue:
                 if bounds[phase_at(now)][2].prompts_per_s is None:
                     queue.append(now)
@@ -206,14 +259,28 @@ def run_concurrent(
                     if policy is not None:
                         policy.observe_queue(0)
                     nxt = arrivals[0] if arrivals else total
-                    time.sleep(max(0.0, min(nxt, total) - now))
+                    time.sleep(min(0.05, max(0.0, min(nxt, total) - now)))  # re-check the load at least every 50 ms
                     continue
             arrived = queue.popleft()
             for past in range(0, length, piece):
                 n = min(piece, length - past)
                 if policy is not None:
                     while mailbox:
-                        policy.observe_decode_step(mailbox.popleft())
+                        ms, batch = mailbox.popleft()
+                        policy.observe_decode_load(batch)  # the load each step ran under
+                        policy.observe_decode_step(ms)
+                    # What the decode side would send with the batch: its running batch now.
+                    policy.observe_decode_load(admit_load(time.perf_counter() - t0) if load_change_at == "piece"
+                                               else bounds[phase_at(time.perf_counter() - t0)][2].decode_batch)
+                    if queue_before_choose:
+                        # The server's order (edge_acc_server.adaptive.stream_for): the queue
+                        # as the batch is sent, this prompt's rest included, then the choice.
+                        t_now = time.perf_counter() - t0
+                        while arrivals and arrivals[0] <= t_now:
+                            queue.append(arrivals.popleft())
+                        policy.observe_queue(len(queue) * length + (length - past))
+                elif load_change_at == "piece":
+                    admit_load(time.perf_counter() - t0)
                 idx = pick()
                 start = time.perf_counter()
                 with parts.stream_ctx(idx):
@@ -263,9 +330,133 @@ def run_concurrent(
                 if i == len(bounds) - 1
                 else 0,
                 mean_prefill_sms=round(sum(sms) / busy, 1) if busy else None,
+                decode_max_ms=round(max(itl), 3) if itl else float("nan"),
+                steps_over_itl_target=None if itl_target_ms is None else sum(1 for x in itl if x > itl_target_ms),
             )
         )
     return results, trace
+
+
+# --- two processes: the form the server runs (prefill side an MPS client without a percentage)
+
+TWO_PROCESS_TIMEOUT_S = 240
+
+
+def two_process_prefill_main(conn, shape_name: str, prompt_len: int, piece: int, device_str: str, spec: str) -> None:
+    """The prefill process: its own random weights (same shapes), pieces back to back on ``spec``.
+
+    ``spec``: an SM count (a green context), ``all-lowprio`` (all SMs, least priority) or
+    ``all`` (all SMs, default stream priority, i.e. no split at all).
+    """
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s prefill-child %(message)s")
+    keep = None  # the green context must outlive its stream's use
+    try:
+        device = torch.device(device_str)
+        shape = SHAPES[shape_name]
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        weights = random_weights(shape, device, dtype)
+        pk = [torch.zeros(prompt_len, shape.kv_heads, shape.head_dim, device=device, dtype=dtype) for _ in range(shape.layers)]
+        pv = [torch.zeros_like(k) for k in pk]
+        fwd = Qwen3Forward(shape, weights, max_positions=prompt_len + 16)
+        prompt = torch.randint(0, shape.vocab, (prompt_len,), device=device)
+        if device.type != "cuda":
+            stream_ctx = contextlib.nullcontext
+            wait = lambda: None  # noqa: E731
+            sms = 0
+        else:
+            idx = device.index or 0
+            if spec == "all":
+                stream = torch.cuda.Stream(device, priority=LOWEST_STREAM_PRIORITY)
+            elif spec == "all-lowprio":
+                keep = whole_gpu_low_priority_stream(idx)
+                stream = keep.stream
+            else:
+                keep = green_context_stream(int(spec), idx, role="prefill")
+                stream = keep.stream
+            stream_ctx = lambda: torch.cuda.stream(stream)  # noqa: E731
+
+            def wait() -> None:
+                ev = torch.cuda.Event()
+                ev.record(stream)
+                ev.synchronize()
+
+            sms = visible_sm_count(idx)
+        with torch.inference_mode():
+            for past in range(0, prompt_len, piece):  # warm-up: one whole prompt
+                with stream_ctx():
+                    fwd.prefill(prompt[past : past + piece], pk, pv, slot0=0, past_len=past)
+                wait()
+            conn.send(("ready", sms, os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "")))
+            if conn.recv() != "go":
+                return
+            tokens, pieces, past = 0, 0, 0
+            start = time.perf_counter()
+            while not conn.poll(0):
+                n = min(piece, prompt_len - past)
+                with stream_ctx():
+                    fwd.prefill(prompt[past : past + n], pk, pv, slot0=0, past_len=past)
+                wait()
+                tokens, pieces = tokens + n, pieces + 1
+                past = (past + n) % prompt_len
+            elapsed = time.perf_counter() - start
+        conn.recv()
+        conn.send(("done", tokens, elapsed, pieces))
+    except Exception as exc:  # the parent records the arm as failed with this message
+        logging.exception("prefill child failed")
+        with contextlib.suppress(Exception):
+            conn.send(("error", f"{type(exc).__name__}: {exc}"[:400]))
+    finally:
+        del keep
+
+
+def run_two_process(
+    spec: str, runner: DecodeRunner, args, device: torch.device, decode_priority: int, seconds: float
+) -> ArmResult:
+    """Decode here on a stream of ``decode_priority``; prefill in a spawned process on ``spec``."""
+    arm = f"2proc-{spec}" + ("-hp" if decode_priority else "")
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(
+        target=two_process_prefill_main,
+        args=(child, args.shape, args.prompt_len, args.piece, str(device), spec),
+        daemon=True,
+    )
+    proc.start()
+    try:
+        if not parent.poll(TWO_PROCESS_TIMEOUT_S):
+            raise TimeoutError(f"{arm}: the prefill process did not get ready in {TWO_PROCESS_TIMEOUT_S} s")
+        msg = parent.recv()
+        if msg[0] == "error":
+            logger.warning("%s failed: %s", arm, msg[1])
+            return ArmResult(arm, 0, float("nan"), float("nan"), float("nan"), 0, 0.0, 0, f"failed: {msg[1]}")
+        _, child_sms, pipe_dir = msg
+        stream = torch.cuda.Stream(device, priority=decode_priority) if device.type == "cuda" else None
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            for _ in range(5):
+                runner.step()
+            parent.send("go")
+            itl, last = [], time.perf_counter()
+            end = last + seconds
+            while last < end:
+                runner.step()
+                now = time.perf_counter()
+                itl.append(now - last)
+                last = now
+        parent.send("stop")
+        if not parent.poll(TWO_PROCESS_TIMEOUT_S):
+            raise TimeoutError(f"{arm}: the prefill process did not report")
+        msg = parent.recv()
+        if msg[0] == "error":
+            return ArmResult(arm, 0, float("nan"), float("nan"), float("nan"), 0, 0.0, 0, f"failed: {msg[1]}")
+        _, tokens, elapsed, pieces = msg
+    finally:
+        proc.join(TWO_PROCESS_TIMEOUT_S)
+        if proc.is_alive():
+            proc.kill()
+    note = f"prefill process saw {child_sms} SMs; MPS pipe dir {pipe_dir or '(none: no MPS)'}; {pieces} pieces"
+    return summarize(arm, itl, tokens, elapsed, tokens // args.prompt_len, note)
 
 
 def interp_p99(curve: list[tuple[float, float]], tok_s: float) -> Optional[float]:
@@ -295,11 +486,48 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--chunks", default="256,512,1024,2048")
     ap.add_argument("--graphed-chunks", action="store_true", help="also chunked arms replayed from CUDA graphs")
     ap.add_argument("--sm-counts", default="", help="prefill partitions (default: 5 from 1/4 to 7/8 of the SMs)")
+    ap.add_argument("--whole-gpu-top", action="store_true",
+                    help="add a top partition: all SMs on a least-priority stream (decode should be --decode-priority high)")
+    ap.add_argument("--decode-priority", choices=("normal", "high", "both"), default="normal",
+                    help="decode stream priority in the split arms (both: every fixed split twice; the adaptive "
+                         "and phased arms then use high)")
+    ap.add_argument("--target-split", default="72", help="the fixed split (label) the phased targets and rates derive from")
+    ap.add_argument("--phased-fixed", default="", help="labels of the fixed splits run in the phased load (default all)")
     ap.add_argument("--adaptive-itl-factors", default="1.25,1.45,1.7,2.0", help="steady adaptive ITL SLOs, x decode-only P99")
+    ap.add_argument("--compare-feedback-policy", action="store_true",
+                    help="also run the phased load with the feedback-only policy (feed_forward=False)")
+    ap.add_argument("--load-change-at", choices=("piece", "time"), default="piece",
+                    help="phased load: a phase's decode batch takes effect at the next prefill piece (EdgeAcc: the "
+                         "decode side sends its new load with the batch) or at the boundary itself (run 2)")
+    ap.add_argument("--also-exogenous", action="store_true",
+                    help="also run the adaptive policy with --load-change-at time (the load jumps mid-piece)")
+    ap.add_argument("--grow-on-arrivals", action="store_true",
+                    help="the policy's opt-in arrival-rate rule (AdaptiveSplitConfig.grow_on_arrivals) in the adaptive "
+                         "arms; run3_arrivals measured it when it was still the default")
+    ap.add_argument("--steady-fixed", default="",
+                    help="labels of the fixed splits run under the steady load (default all; keep --target-split)")
+    ap.add_argument("--steady-policy", choices=("default", "drain", "ff"), default="default",
+                    help="policy of the steady adaptive arms: the module's defaults, drain_backlog on, or off")
+    ap.add_argument("--phased-policies", default="",
+                    help="comma list of phased policy arms, replacing the flags above: drain, drain-rep (a "
+                         "second run of it), ff (feed-forward, no drain, no arrival rule: run 3's default), "
+                         "arrivals (run 3's unguarded arrival rule), feedback (run 2's), drain-load-at-time")
+    ap.add_argument("--queue-before-choose", action="store_true",
+                    help="report the queue to the policy before each choice, as the server does (run 4)")
+    ap.add_argument("--skip-chunked", action="store_true")
+    ap.add_argument("--skip-adaptive-steady", action="store_true")
+    ap.add_argument("--skip-phased", action="store_true")
+    ap.add_argument("--two-process-arms", default="",
+                    help="comma list of prefill specs run as a second process (SM count, all-lowprio, all); "
+                         "start the MPS daemon first for them to overlap")
+    ap.add_argument("--two-process-only", action="store_true", help="decode-only plus the two-process arms")
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--phase-seconds", type=float, default=5.0)
-    ap.add_argument("--itl-slo-ms", type=float, default=0.0, help="phased ITL target (0: 1.05 x the middle fixed split's steady P99)")
-    ap.add_argument("--ttft-slo-ms", type=float, default=0.0, help="phased TTFT target (0: 3x one prompt at the middle split)")
+    ap.add_argument("--itl-slo-ms", type=float, default=0.0, help="phased ITL target (0: 1.05 x the target split's steady P99)")
+    ap.add_argument("--ttft-slo-ms", type=float, default=0.0, help="phased TTFT target (0: 3x one prompt at the target split)")
+    ap.add_argument("--phase-ref-tok-s", type=float, default=0.0,
+                    help="prefill tok/s the phased rates derive from (0: the target split's steady arm; run 4 found "
+                         "that arm 20%% slow when it runs first, without the chunked arms before it)")
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shape, short arms: checks the script, measures nothing")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args(argv)
@@ -308,6 +536,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         args.device, args.shape, args.prompt_len, args.piece = "cpu", "tiny", 256, 64
         args.decode_batch, args.burst_decode_batch, args.decode_ctx = 8, 4, 64
         args.chunks, args.seconds, args.phase_seconds = "32,64", 0.4, 0.5
+        args.sm_counts = args.sm_counts or "32,48,72,96,112"
     sys.setswitchinterval(0.0005)  # the decode thread must get the GIL back fast after each step
 
     device = torch.device(args.device)
@@ -324,79 +553,146 @@ def main(argv: Optional[list[str]] = None) -> int:
     b, ctx_len = args.decode_batch, args.decode_ctx
     kc = [torch.randn(b, shape.kv_heads, ctx_len, shape.head_dim, device=device, dtype=dtype) for _ in range(shape.layers)]
     vc = [torch.randn_like(k) for k in kc]
-    pk = [torch.zeros(args.prompt_len, shape.kv_heads, shape.head_dim, device=device, dtype=dtype) for _ in range(shape.layers)]
-    pv = [torch.zeros_like(k) for k in pk]
     fwd = Qwen3Forward(shape, weights, max_positions=max(args.prompt_len, ctx_len) + 16)
     runners = {b: DecodeRunner(fwd, kc, vc, b, ctx_len, device)}
     bb = args.burst_decode_batch
     if bb != b:
         runners[bb] = DecodeRunner(fwd, [k[:bb] for k in kc], [v[:bb] for v in vc], bb, ctx_len, device)
-    prompt = torch.randint(0, shape.vocab, (args.prompt_len,), device=device)
-    parts = Partitions(device, sm_counts)
-    logger.info("setup %.1fs; partitions %s of %d SMs", time.perf_counter() - t_start, parts.sm_counts, total_sms)
+    high = HIGHEST_STREAM_PRIORITY
+    prios = {"normal": [LOWEST_STREAM_PRIORITY], "high": [high], "both": [LOWEST_STREAM_PRIORITY, high]}[args.decode_priority]
+    policy_prio = prios[-1]
+    suffix = {LOWEST_STREAM_PRIORITY: "", high: "-hp"}
 
     steady: list[ArmResult] = []
     base = run_decode_only(runners[b], args.seconds)
     steady.append(base)
     base_small = run_decode_only(runners[bb], args.seconds) if bb != b else base
     logger.info("%s | burst batch: %s", base, base_small)
-    chunked = []
-    for graphed in (False, True) if (args.graphed_chunks and device.type == "cuda") else (False,):
-        for c in [int(x) for x in args.chunks.split(",") if x]:
-            r = run_single_process(fwd, runners[b], pk, pv, prompt, c, args.seconds, graphed=graphed)
+    two_process: list[ArmResult] = []
+    for spec in [x for x in args.two_process_arms.split(",") if x]:
+        for prio in prios:
+            r = run_two_process(spec, runners[b], args, device, prio, args.seconds)
+            two_process.append(r)
             steady.append(r)
-            chunked.append(r)
             logger.info("%s", r)
+    if args.two_process_only:
+        args.skip_chunked = args.skip_adaptive_steady = args.skip_phased = True
+        parts = None
+    else:
+        pk = [torch.zeros(args.prompt_len, shape.kv_heads, shape.head_dim, device=device, dtype=dtype) for _ in range(shape.layers)]
+        pv = [torch.zeros_like(k) for k in pk]
+        prompt = torch.randint(0, shape.vocab, (args.prompt_len,), device=device)
+        parts = Partitions(device, sm_counts, whole_gpu_top=args.whole_gpu_top, total_sms=total_sms)
+        logger.info("setup %.1fs; partitions %s of %d SMs", time.perf_counter() - t_start, parts.labels, total_sms)
+    chunked = []
+    if not args.skip_chunked:
+        for graphed in (False, True) if (args.graphed_chunks and device.type == "cuda") else (False,):
+            for c in [int(x) for x in args.chunks.split(",") if x]:
+                r = run_single_process(fwd, runners[b], pk, pv, prompt, c, args.seconds, graphed=graphed)
+                steady.append(r)
+                chunked.append(r)
+                logger.info("%s", r)
     sat = [Phase("saturating", args.seconds, None, b)]
     fixed_steady: list[PhaseResult] = []
-    for i, n in enumerate(parts.sm_counts):
-        res, _ = run_concurrent(f"green-{n}", fwd, runners, pk, pv, prompt, parts, sat, args.piece, lambda i=i: i)
-        fixed_steady.append(res[0])
-        steady.append(to_arm(res[0]))
-        logger.info("%s", res[0])
+    steady_by_label: dict[str, PhaseResult] = {}
+    steady_wanted = [x for x in args.steady_fixed.split(",") if x]
+    for prio in prios if parts is not None else []:
+        for i, label in enumerate(parts.labels):
+            if steady_wanted and label not in steady_wanted:
+                continue
+            arm = f"green-{label}{suffix[prio]}"
+            res, _ = run_concurrent(arm, fwd, runners, pk, pv, prompt, parts, sat, args.piece, lambda i=i: i,
+                                    decode_priority=prio)
+            fixed_steady.append(res[0])
+            steady.append(to_arm(res[0]))
+            if prio == policy_prio:
+                steady_by_label[label] = res[0]
+            logger.info("%s", res[0])
     adaptive_steady = []
     traces = {}
-    for f in [float(x) for x in args.adaptive_itl_factors.split(",") if x]:
+    for f in [float(x) for x in args.adaptive_itl_factors.split(",") if x] if not args.skip_adaptive_steady else []:
         slo = round(base.decode_p99_ms * f, 2)
-        pol = AdaptiveSplitPolicy(AdaptiveSplitConfig(itl_slo_ms=slo, ttft_slo_ms=1.0), len(parts), initial_index=0)
-        res, trace = run_concurrent(f"adaptive-itl{slo:g}", fwd, runners, pk, pv, prompt, parts, sat, args.piece, pol.choose, pol)
+        steady_kw = {"default": {}, "drain": {"drain_backlog": True}, "ff": {"drain_backlog": False}}[args.steady_policy]
+        pol = AdaptiveSplitPolicy(AdaptiveSplitConfig(itl_slo_ms=slo, ttft_slo_ms=1.0, **steady_kw), len(parts),
+                                  initial_index=0, sm_counts=parts.sm_counts, total_sms=total_sms)
+        res, trace = run_concurrent(f"adaptive-itl{slo:g}{suffix[policy_prio]}", fwd, runners, pk, pv, prompt, parts, sat,
+                                    args.piece, pol.choose, pol, decode_priority=policy_prio,
+                                    queue_before_choose=args.queue_before_choose)
         adaptive_steady.append(res[0])
         steady.append(to_arm(res[0], f"mean prefill SMs {res[0].mean_prefill_sms}; {pol.changes()} changes"))
         traces[res[0].arm] = trace
         logger.info("%s (changes %d)", res[0], pol.changes())
 
     # Phased load: targets and rates from the steady arms above.
-    mid = len(parts) // 2
-    mid_tok_s = max(fixed_steady[mid].prefill_tok_s, 1.0)
-    itl_slo = args.itl_slo_ms or round(1.05 * fixed_steady[mid].decode_p99_ms, 2)
-    ttft_slo = args.ttft_slo_ms or round(3 * args.prompt_len / mid_tok_s * 1e3, 1)
-    low_rate = round(0.35 * mid_tok_s / args.prompt_len, 3)
-    high_rate = round(1.3 * mid_tok_s / args.prompt_len, 3)
-    phases = [
-        Phase("calm-1", args.phase_seconds, low_rate, b),
-        Phase("burst", args.phase_seconds, high_rate, bb),
-        Phase("calm-2", args.phase_seconds, low_rate, b),
-    ]
-    logger.info("phased: ITL target %.2f ms, TTFT target %.0f ms, rates %s / %s prompts/s", itl_slo, ttft_slo, low_rate, high_rate)
     phased: list[PhaseResult] = []
-    for i, n in enumerate(parts.sm_counts):
-        res, _ = run_concurrent(f"green-{n}", fwd, runners, pk, pv, prompt, parts, phases, args.piece, lambda i=i: i)
-        phased.extend(res)
-        for r in res:
-            logger.info("%s", r)
-    pol = AdaptiveSplitPolicy(AdaptiveSplitConfig(itl_slo_ms=itl_slo, ttft_slo_ms=ttft_slo), len(parts), initial_index=0)
-    res, trace = run_concurrent("adaptive", fwd, runners, pk, pv, prompt, parts, phases, args.piece, pol.choose, pol)
-    phased.extend(res)
-    traces["adaptive-phased"] = trace
-    for r in res:
-        logger.info("%s", r)
-    logger.info("adaptive phased: %d changes", pol.changes())
+    itl_slo = ttft_slo = low_rate = high_rate = None
+    if not args.skip_phased:
+        ref = steady_by_label.get(args.target_split)
+        explicit = args.phase_ref_tok_s > 0 and args.itl_slo_ms > 0 and args.ttft_slo_ms > 0
+        if ref is None and not explicit:
+            raise SystemExit(f"--target-split {args.target_split!r} is not one of the steady partitions run "
+                             f"({sorted(steady_by_label)}); or give --phase-ref-tok-s, --itl-slo-ms and --ttft-slo-ms")
+        ref_tok_s = args.phase_ref_tok_s or max(ref.prefill_tok_s, 1.0)
+        itl_slo = args.itl_slo_ms or round(1.05 * ref.decode_p99_ms, 2)
+        ttft_slo = args.ttft_slo_ms or round(3 * args.prompt_len / ref_tok_s * 1e3, 1)
+        low_rate = round(0.35 * ref_tok_s / args.prompt_len, 3)
+        high_rate = round(1.3 * ref_tok_s / args.prompt_len, 3)
+        phases = [
+            Phase("calm-1", args.phase_seconds, low_rate, b),
+            Phase("burst", args.phase_seconds, high_rate, bb),
+            Phase("calm-2", args.phase_seconds, low_rate, b),
+        ]
+        logger.info("phased: ITL target %.2f ms, TTFT target %.0f ms, rates %s / %s prompts/s", itl_slo, ttft_slo, low_rate, high_rate)
+        wanted = [x for x in args.phased_fixed.split(",") if x] or parts.labels
+        for i, label in enumerate(parts.labels):
+            if label not in wanted:
+                continue
+            res, _ = run_concurrent(f"green-{label}{suffix[policy_prio]}", fwd, runners, pk, pv, prompt, parts, phases,
+                                    args.piece, lambda i=i: i, decode_priority=policy_prio,
+                                    load_change_at=args.load_change_at, itl_target_ms=itl_slo)
+            phased.extend(res)
+            for r in res:
+                logger.info("%s", r)
+        kinds = [("adaptive", {"grow_on_arrivals": args.grow_on_arrivals}, args.load_change_at)]
+        if args.compare_feedback_policy:
+            kinds.append(("adaptive-feedback-only", {"feed_forward": False}, args.load_change_at))
+        if args.also_exogenous and args.load_change_at != "time":
+            kinds.append(("adaptive-load-at-time", {"grow_on_arrivals": args.grow_on_arrivals}, "time"))
+        named = {
+            "drain": ("adaptive-drain", {"drain_backlog": True}, args.load_change_at),
+            "drain-rep": ("adaptive-drain-rep", {"drain_backlog": True}, args.load_change_at),
+            "ff": ("adaptive-ff-run3", {"drain_backlog": False, "grow_on_arrivals": False}, args.load_change_at),
+            "arrivals": ("adaptive-arrivals-run3", {"drain_backlog": False, "grow_on_arrivals": True}, args.load_change_at),
+            "feedback": ("adaptive-feedback-only", {"feed_forward": False, "drain_backlog": False}, args.load_change_at),
+            "drain-load-at-time": ("adaptive-drain-load-at-time", {"drain_backlog": True}, "time"),
+        }
+        if args.phased_policies:
+            unknown = [x for x in args.phased_policies.split(",") if x not in named]
+            if unknown:
+                raise SystemExit(f"--phased-policies: unknown {unknown}; choose from {sorted(named)}")
+            kinds = [named[x] for x in args.phased_policies.split(",") if x]
+        for name, kw, change_at in kinds:
+            cfg = AdaptiveSplitConfig(itl_slo_ms=itl_slo, ttft_slo_ms=ttft_slo, **kw)
+            pol = AdaptiveSplitPolicy(cfg, len(parts), initial_index=0, sm_counts=parts.sm_counts, total_sms=total_sms)
+            res, trace = run_concurrent(name, fwd, runners, pk, pv, prompt, parts, phases, args.piece, pol.choose, pol,
+                                        decode_priority=policy_prio, load_change_at=change_at, itl_target_ms=itl_slo,
+                                        queue_before_choose=args.queue_before_choose)
+            phased.extend(res)
+            traces[f"{name}-phased"] = trace
+            traces[f"{name}-phased-decisions"] = [
+                (round(h.t, 3), h.index, h.reason[:110]) for h in pol.history if h.reason != "within band"
+            ][:400]
+            for r in res:
+                logger.info("%s", r)
+            logger.info("%s phased: %d changes", name, pol.changes())
 
     # Summaries.
     curve = [(c.prefill_tok_s, c.decode_p99_ms) for c in chunked if not c.arm.endswith("-graphed")]
     curve_g = [(c.prefill_tok_s, c.decode_p99_ms) for c in chunked if c.arm.endswith("-graphed")]
     vs = []
-    for r in fixed_steady + adaptive_steady:
+    for r in [*fixed_steady, *adaptive_steady, *two_process]:
+        if not r.decode_steps:
+            continue  # a failed two-process arm
         row = {"arm": r.arm, "tok_s": r.prefill_tok_s, "p99": r.decode_p99_ms}
         for name, cv in (("eager", curve), ("graphed", curve_g)):
             ref = interp_p99(cv, r.prefill_tok_s)
@@ -423,11 +719,20 @@ def main(argv: Optional[list[str]] = None) -> int:
         "burst_decode_batch": bb,
         "decode_ctx": ctx_len,
         "piece": args.piece,
-        "partitions": parts.sm_counts,
+        "partitions": parts.labels if parts is not None else None,
+        "decode_priority": args.decode_priority,
+        "whole_gpu_top": args.whole_gpu_top,
+        "mps_pipe_directory": os.environ.get("CUDA_MPS_PIPE_DIRECTORY", ""),
         "seconds_per_arm": args.seconds,
         "phase_seconds": args.phase_seconds,
+        "load_change_at": args.load_change_at,
+        "grow_on_arrivals": args.grow_on_arrivals,
+        "phased_policies": args.phased_policies,
+        "steady_policy": args.steady_policy,
+        "queue_before_choose": args.queue_before_choose,
         "phased_itl_target_ms": itl_slo,
         "phased_ttft_target_ms": ttft_slo,
+        "phase_ref_tok_s": args.phase_ref_tok_s,
         "rates_prompts_per_s": [low_rate, high_rate, low_rate],
         "decode_only_burst_batch": asdict(base_small),
         "command": " ".join([sys.executable, *sys.argv]),
@@ -444,15 +749,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         )
     lines += [
         "",
-        f"Phased load: ITL target {itl_slo:.2f} ms (decode P99), TTFT target {ttft_slo:.0f} ms (P90)",
+        f"Phased load: ITL target {itl_slo} ms (decode P99), TTFT target {ttft_slo} ms (P90)",
         "",
-        "| arm | phase | decode batch | prompts/s | decode P50 | decode P99 | TTFT P90 ms | prefill tok/s | mean prefill SMs | waiting at end |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| arm | phase | decode batch | prompts/s | decode P50 | decode P99 | steps > ITL target / all | decode max | TTFT P90 ms "
+        "| prefill tok/s | mean prefill SMs | waiting at end |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for p in phased:
         lines.append(
             f"| {p.arm} | {p.phase} | {p.decode_batch} | {p.prompts_per_s} | {p.decode_p50_ms:.2f} | {p.decode_p99_ms:.2f} | "
-            f"{p.ttft_p90_ms} | {p.prefill_tok_s:.0f} | {p.mean_prefill_sms} | {p.prompts_waiting_at_end} |"
+            f"{p.steps_over_itl_target} / {p.decode_steps} | {p.decode_max_ms:.1f} | {p.ttft_p90_ms} | {p.prefill_tok_s:.0f} | {p.mean_prefill_sms} | {p.prompts_waiting_at_end} |"
         )
     lines += ["", "Phases missing a target (ITL P99, TTFT P90, or prompts left waiting):", ""]
     lines += [f"- {v['arm']}: {', '.join(v['misses']) or 'none'}" for v in verdict]
@@ -464,6 +770,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "steady": [asdict(r) for r in steady],
         "fixed_steady": [asdict(r) for r in fixed_steady],
         "adaptive_steady": [asdict(r) for r in adaptive_steady],
+        "two_process": [asdict(r) for r in two_process],
         "vs_chunked": vs,
         "phased": [asdict(p) for p in phased],
         "phased_verdict": verdict,

@@ -21,6 +21,7 @@ from sglang_edgeacc.edge_acc.adaptive_split import (
     AdaptiveSplitPolicy,
     GreenContextPartitions,
     build_partitions_or_warn,
+    high_priority_stream,
 )
 from sglang_edgeacc.edge_acc.sm_partition import MPS_PERCENT_VAR
 
@@ -101,3 +102,23 @@ def test_policy_moves_to_a_smaller_partition_when_decode_suffers(parts: GreenCon
     print("DECODE_ALONE_MS", round(alone, 3), "TRACE", trace, [h.decode_pct_ms for h in policy.history])
     assert trace[-1] < len(parts) - 1
     assert all(b <= a for a, b in zip(trace, trace[1:]))  # TTFT never asks to grow here
+
+
+def test_the_whole_gpu_top_is_unconfined_and_yields_to_a_high_priority_decode_stream():
+    """The top index of ``whole_gpu_top`` runs on all SMs at the least priority (no green context)."""
+    if os.environ.get(MPS_PERCENT_VAR):
+        pytest.skip(f"{MPS_PERCENT_VAR} is set: green contexts cannot be made in this process")
+    parts = GreenContextPartitions([32, 112], device_index=0, whole_gpu_top=True)
+    assert parts.labels == ["32", "112", "all-lowprio"]
+    assert parts.sm_counts[-1] == parts.total_sms
+    decode = high_priority_stream(0)
+    top = parts.stream(len(parts) - 1)
+    print("PRIORITIES top", top.priority, "decode", decode.priority)
+    assert decode.priority < top.priority  # lower number = higher priority
+    a = torch.randn(N, N, device="cuda", dtype=torch.bfloat16)
+    full = _matmul_ms(torch.cuda.Stream(), a, a)
+    on_top = _matmul_ms(top, a, a)
+    on_112 = _matmul_ms(parts.stream(1), a, a)
+    print(f"MATMUL_MS full={full:.2f} all-lowprio={on_top:.2f} 112={on_112:.2f}")
+    assert on_top < 1.1 * full  # not confined
+    assert on_top < on_112

@@ -37,18 +37,27 @@ class AdaptiveSplit:
             logger.warning("[edgeacc prefill tp%d] --edge-acc-sm-partition adaptive: the %s platform has "
                            "no SMs to partition; running unconfined", tp_rank, device.type)
             return None
+        # The whole-GPU, least-priority top extends the split to the prefill throughput the
+        # largest green context cannot reach; the policy uses it only when the ITL SLO allows.
         partitions = build_partitions_or_warn(device_index=device.index or 0,
-                                              fixed_percent=flags.edge_acc_prefill_sm_percent, tp_rank=tp_rank)
+                                              fixed_percent=flags.edge_acc_prefill_sm_percent, tp_rank=tp_rank,
+                                              whole_gpu_top=True)
         if partitions is None:
             return None
         config = AdaptiveSplitConfig(itl_slo_ms=flags.edge_acc_itl_slo_ms, ttft_slo_ms=flags.edge_acc_ttft_slo_ms)
-        split = cls(partitions=partitions, policy=AdaptiveSplitPolicy(config, len(partitions)), tp_rank=tp_rank)
+        policy = AdaptiveSplitPolicy(config, len(partitions), sm_counts=partitions.sm_counts,
+                                     total_sms=partitions.total_sms)
+        split = cls(partitions=partitions, policy=policy, tp_rank=tp_rank)
         split._gauge = _partition_gauge(tp_rank)
         return split
 
     def stream_for(self, work) -> torch.cuda.Stream:
+        # The steps ran under the load the previous batch was sent with (the policy's
+        # current load); the new load then applies to this batch, before the choice.
         for ms in work.decode_step_ms:
             self.policy.observe_decode_step(ms)
+        if work.decode_batch_size > 0:
+            self.policy.observe_decode_load(work.decode_batch_size, work.decode_context_tokens)
         self.policy.observe_queue(work.queued_tokens)
         index = self.policy.choose()
         if self._gauge is not None:
