@@ -145,7 +145,7 @@ class DecodeSideMixin:
 
     def init_weight_updater(self) -> None:
         super().init_weight_updater()
-        if roles.role() == roles.DECODE:
+        if self.edge_acc_role == roles.DECODE:
             from sglang_edgeacc.edge_acc_server.weight_update_guard import GuardedWeightUpdater
 
             # Before init_request_dispatcher binds the update handlers.

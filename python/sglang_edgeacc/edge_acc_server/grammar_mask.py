@@ -49,15 +49,18 @@ class PrefilledGrammarMask(BaseGrammarObject):
         pass  # the decode side filled every row
 
     def move_vocab_mask(self, vocab_mask: torch.Tensor, device) -> torch.Tensor:
-        return self.backend.move_vocab_mask(vocab_mask, device)
+        return self._backend_call("move_vocab_mask", vocab_mask, device)
 
     def apply_vocab_mask(self, logits: torch.Tensor, vocab_mask: torch.Tensor) -> None:
-        # Backends declare it static (llguidance) or as an instance method that
-        # reads no instance state (xgrammar); either way the backend's kernel runs.
-        if isinstance(inspect.getattr_static(self.backend, "apply_vocab_mask"), staticmethod):
-            self.backend.apply_vocab_mask(logits, vocab_mask)
-        else:
-            self.backend.apply_vocab_mask(self, logits, vocab_mask)
+        self._backend_call("apply_vocab_mask", logits, vocab_mask)
+
+    def _backend_call(self, name: str, *args):
+        # Backends declare these static (llguidance) or as instance methods that read
+        # no instance state (xgrammar's apply_vocab_mask); either way the backend's code runs.
+        method = getattr(self.backend, name)
+        if isinstance(inspect.getattr_static(self.backend, name), staticmethod):
+            return method(*args)
+        return method(self, *args)
 
     def accept_token(self, token: int) -> None:
         raise RuntimeError("EdgeAcc: the prefill side never advances a grammar; the decode side owns it")
