@@ -16,6 +16,8 @@ One GPU, the Qwen3-shaped model of ``latency_physics.py`` (random weights), deco
                      edge_acc.adaptive_split.AdaptiveSplitPolicy, fed with the decode side's
                      measured step times and batch size, ITL SLO X ms, TTFT SLO ~0 (always grow
                      when ITL allows)
+  green-L-hp-paceMS  --paced-fixed L:MS: the fixed split L with the decode thread starting a
+                     step no sooner than MS after the previous one started (run 5)
   2proc-S[-hp]       --two-process-arms: EdgeAcc's form, a second process prefills on S (an SM
                      count, all-lowprio, or all) while this one decodes; start an MPS daemon
                      first (benchmarks/adaptive_split_h200.sh) so that both are unlimited MPS
@@ -38,6 +40,8 @@ from the steady arms of the same run (``--target-split``) unless given (see --it
 with --phase-ref-tok-s too, no steady arm is needed). ``--phased-policies`` names the policy
 arms (drain = the module's default since run 4, ff = run 3's default, ...);
 ``--queue-before-choose`` reports the queue before each choice, as the server does.
+``--settle-seconds S``: the steady adaptive arms first run S seconds from the cold start
+(reported in the note), then ``--seconds`` measured on the split the policy settled on.
 
     OUT=... ONE_ARGS="..." bash benchmarks/adaptive_split_h200.sh              # H200 (docs/benchmarks.md)
     PYTHONPATH=python python3 benchmarks/adaptive_split.py --out $OUT          # one-process arms only
@@ -124,6 +128,7 @@ class Partitions:
 
     def __init__(self, device: torch.device, sm_counts: list[int], whole_gpu_top: bool = False, total_sms: int = 132):
         self.device = device
+        self.whole_gpu_top = whole_gpu_top
         if device.type == "cuda":
             self.green = GreenContextPartitions(sm_counts, device.index or 0, whole_gpu_top=whole_gpu_top)
             self.sm_counts = self.green.sm_counts
@@ -164,6 +169,7 @@ def run_concurrent(
     load_change_at: str = "time",
     itl_target_ms: Optional[float] = None,
     queue_before_choose: bool = False,
+    decode_pace_ms: Callable[[], float] = lambda: 0.0,
 ) -> tuple[list[PhaseResult], list[tuple[float, int]]]:
     """Decode in a thread, prefill pieces here; returns per-phase results and the (t, partition) trace.
 
@@ -172,6 +178,11 @@ def run_concurrent(
     the first prefill piece (or idle check) after the boundary, as in EdgeAcc, where the
     decode batch grows when the decode side collects a prefill result and it dispatches
     the next prefill batch, with its new load, in the same loop iteration.
+
+    ``decode_pace_ms``: read before each decode step; when positive, the step starts no
+    sooner than that many ms after the previous one started (the decode side pacing its
+    steps so the prefill side gets the GPU in between). The policy is sent step
+    durations; the ITL logged is the time between step completions, the wait included.
     """
     if load_change_at not in ("time", "piece"):
         raise ValueError(f"load_change_at must be 'time' or 'piece', got {load_change_at!r}")
@@ -219,15 +230,20 @@ def run_concurrent(
             while not t0_box:
                 time.sleep(0.0005)
             t0 = t0_box[0]
-            last = time.perf_counter()
+            last = last_start = time.perf_counter()
             while not stop.is_set():
+                pace = decode_pace_ms()
+                if pace > 0:
+                    delay = last_start + pace / 1e3 - time.perf_counter()
+                    if delay > 0:
+                        time.sleep(delay)
                 batch = bounds[phase_at(last - t0)][2].decode_batch if load_change_at == "time" else batch_box[0]
+                start = time.perf_counter()
                 runners[batch].step()
                 now = time.perf_counter()
-                ms = (now - last) * 1e3
-                decode_log.append((now - t0, ms))
-                mailbox.append((ms, batch))
-                last = now
+                decode_log.append((now - t0, (now - last) * 1e3))
+                mailbox.append(((now - start) * 1e3, batch))
+                last, last_start = now, start
 
     th = threading.Thread(target=decode_loop, name="decode", daemon=True)
     th.start()
@@ -485,6 +501,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--piece", type=int, default=2048, help="prefill piece the split is chosen for")
     ap.add_argument("--chunks", default="256,512,1024,2048")
     ap.add_argument("--graphed-chunks", action="store_true", help="also chunked arms replayed from CUDA graphs")
+    ap.add_argument("--graphed-only", action="store_true", help="only the graphed chunked arms (saves device time)")
     ap.add_argument("--sm-counts", default="", help="prefill partitions (default: 5 from 1/4 to 7/8 of the SMs)")
     ap.add_argument("--whole-gpu-top", action="store_true",
                     help="add a top partition: all SMs on a least-priority stream (decode should be --decode-priority high)")
@@ -514,6 +531,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                          "arrivals (run 3's unguarded arrival rule), feedback (run 2's), drain-load-at-time")
     ap.add_argument("--queue-before-choose", action="store_true",
                     help="report the queue to the policy before each choice, as the server does (run 4)")
+    ap.add_argument("--paced-fixed", default="",
+                    help="steady fixed splits with the decode side pacing its steps: comma list of LABEL:MS "
+                         "(e.g. all-lowprio:75), a step starting MS after the previous one started")
     ap.add_argument("--skip-chunked", action="store_true")
     ap.add_argument("--skip-adaptive-steady", action="store_true")
     ap.add_argument("--skip-phased", action="store_true")
@@ -522,6 +542,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                          "start the MPS daemon first for them to overlap")
     ap.add_argument("--two-process-only", action="store_true", help="decode-only plus the two-process arms")
     ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--settle-seconds", type=float, default=0.0,
+                    help="steady adaptive arms: run this long from the cold start first and report it apart")
     ap.add_argument("--phase-seconds", type=float, default=5.0)
     ap.add_argument("--itl-slo-ms", type=float, default=0.0, help="phased ITL target (0: 1.05 x the target split's steady P99)")
     ap.add_argument("--ttft-slo-ms", type=float, default=0.0, help="phased TTFT target (0: 3x one prompt at the target split)")
@@ -586,7 +608,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         logger.info("setup %.1fs; partitions %s of %d SMs", time.perf_counter() - t_start, parts.labels, total_sms)
     chunked = []
     if not args.skip_chunked:
-        for graphed in (False, True) if (args.graphed_chunks and device.type == "cuda") else (False,):
+        modes = (False, True) if (args.graphed_chunks and device.type == "cuda") else (False,)
+        for graphed in (True,) if args.graphed_only and device.type == "cuda" else modes:
             for c in [int(x) for x in args.chunks.split(",") if x]:
                 r = run_single_process(fwd, runners[b], pk, pv, prompt, c, args.seconds, graphed=graphed)
                 steady.append(r)
@@ -608,18 +631,36 @@ def main(argv: Optional[list[str]] = None) -> int:
             if prio == policy_prio:
                 steady_by_label[label] = res[0]
             logger.info("%s", res[0])
+    for spec in [x for x in args.paced_fixed.split(",") if x] if parts is not None else []:
+        label, _, pace = spec.partition(":")
+        if label not in parts.labels or not pace:
+            raise SystemExit(f"--paced-fixed {spec!r}: want LABEL:MS with LABEL one of {parts.labels}")
+        i = parts.labels.index(label)
+        arm = f"green-{label}{suffix[policy_prio]}-pace{pace}"
+        res, _ = run_concurrent(arm, fwd, runners, pk, pv, prompt, parts, sat, args.piece, lambda i=i: i,
+                                decode_priority=policy_prio, decode_pace_ms=lambda p=float(pace): p)
+        fixed_steady.append(res[0])
+        steady.append(to_arm(res[0]))
+        logger.info("%s", res[0])
     adaptive_steady = []
     traces = {}
     for f in [float(x) for x in args.adaptive_itl_factors.split(",") if x] if not args.skip_adaptive_steady else []:
         slo = round(base.decode_p99_ms * f, 2)
         steady_kw = {"default": {}, "drain": {"drain_backlog": True}, "ff": {"drain_backlog": False}}[args.steady_policy]
         pol = AdaptiveSplitPolicy(AdaptiveSplitConfig(itl_slo_ms=slo, ttft_slo_ms=1.0, **steady_kw), len(parts),
-                                  initial_index=0, sm_counts=parts.sm_counts, total_sms=total_sms)
-        res, trace = run_concurrent(f"adaptive-itl{slo:g}{suffix[policy_prio]}", fwd, runners, pk, pv, prompt, parts, sat,
-                                    args.piece, pol.choose, pol, decode_priority=policy_prio,
+                                  initial_index=0, sm_counts=parts.sm_counts, total_sms=total_sms,
+                                  unconfined_top=parts.whole_gpu_top)
+        # --settle-seconds: a first phase from the cold start (split 0), reported apart, so the
+        # steady phase measures the split the policy settled on, not its ramp.
+        arm_phases = ([Phase("settling", args.settle_seconds, None, b)] if args.settle_seconds > 0 else []) + sat
+        res, trace = run_concurrent(f"adaptive-itl{slo:g}{suffix[policy_prio]}", fwd, runners, pk, pv, prompt, parts,
+                                    arm_phases, args.piece, pol.choose, pol, decode_priority=policy_prio,
                                     queue_before_choose=args.queue_before_choose)
+        settle_note = (f"; settling {args.settle_seconds:g} s before: P99 {res[0].decode_p99_ms:.2f} ms, "
+                       f"{res[0].prefill_tok_s:.0f} tok/s" if len(res) > 1 else "")
+        res = res[-1:]
         adaptive_steady.append(res[0])
-        steady.append(to_arm(res[0], f"mean prefill SMs {res[0].mean_prefill_sms}; {pol.changes()} changes"))
+        steady.append(to_arm(res[0], f"mean prefill SMs {res[0].mean_prefill_sms}; {pol.changes()} changes{settle_note}"))
         traces[res[0].arm] = trace
         logger.info("%s (changes %d)", res[0], pol.changes())
 
@@ -673,7 +714,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             kinds = [named[x] for x in args.phased_policies.split(",") if x]
         for name, kw, change_at in kinds:
             cfg = AdaptiveSplitConfig(itl_slo_ms=itl_slo, ttft_slo_ms=ttft_slo, **kw)
-            pol = AdaptiveSplitPolicy(cfg, len(parts), initial_index=0, sm_counts=parts.sm_counts, total_sms=total_sms)
+            pol = AdaptiveSplitPolicy(cfg, len(parts), initial_index=0, sm_counts=parts.sm_counts, total_sms=total_sms,
+                                      unconfined_top=parts.whole_gpu_top)
             res, trace = run_concurrent(name, fwd, runners, pk, pv, prompt, parts, phases, args.piece, pol.choose, pol,
                                         decode_priority=policy_prio, load_change_at=change_at, itl_target_ms=itl_slo,
                                         queue_before_choose=args.queue_before_choose)
@@ -738,9 +780,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         "command": " ".join([sys.executable, *sys.argv]),
         "wall_s": round(time.perf_counter() - t_start, 1),
     }
-    lines = ["| arm | decode P50 ms | decode P99 ms | prefill tok/s | prompts | note |", "|---|---:|---:|---:|---:|---|"]
+    lines = ["| arm | decode P50 ms | decode P99 ms | decode steps/s | prefill tok/s | prompts | note |",
+             "|---|---:|---:|---:|---:|---:|---|"]
     for r in steady:
-        lines.append(f"| {r.arm} | {r.decode_p50_ms:.2f} | {r.decode_p99_ms:.2f} | {r.prefill_tok_s:.0f} | {r.prompts_done} | {r.note} |")
+        steps_s = r.decode_steps / args.seconds  # every steady arm runs --seconds
+        lines.append(f"| {r.arm} | {r.decode_p50_ms:.2f} | {r.decode_p99_ms:.2f} | {steps_s:.1f} | {r.prefill_tok_s:.0f} "
+                     f"| {r.prompts_done} | {r.note} |")
     lines += ["", "| arm | tok/s | P99 ms | chunked eager P99 at equal tok/s | ratio | chunked graphed P99 | ratio |", "|---|---:|---:|---:|---:|---:|---:|"]
     for v in vs:
         lines.append(

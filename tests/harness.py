@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -27,10 +28,33 @@ from sglang_edgeacc.tiny_model import model_dir
 STARTUP_TIMEOUT_S = float(os.environ.get("EDGEACC_TEST_STARTUP_TIMEOUT", "480"))
 
 
-def free_port() -> int:
+# With DP attention the server binds its HTTP port plus ZMQ_TCP_PORT_DELTA (233)
+# and the next seven ports only after start-up. Ports the kernel hands out for
+# outgoing connections (bind(0), connect()) come from the ephemeral range, so a
+# server port picked there can find port+233 taken by some other connection
+# (CI saw it: "dist_init_port ... is not available in 30 seconds"). Servers
+# therefore get ports below that range, with the derived ones checked free too.
+_DERIVED_PORT_OFFSETS = (0, *range(233, 241))
+_SERVER_PORT_RANGE = (12000, 21500)  # upstream picks its NCCL ports from 22000 up
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """A server port whose DP-attention companions are free and outside the ephemeral range."""
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    for _ in range(200):
+        port = rng.randrange(*_SERVER_PORT_RANGE)
+        if all(_bindable(port + offset) for offset in _DERIVED_PORT_OFFSETS):
+            return port
+    raise RuntimeError(f"no free server port in {_SERVER_PORT_RANGE} after 200 tries")
 
 
 def cpu_server_env(extra: dict[str, str] | None = None) -> dict[str, str]:

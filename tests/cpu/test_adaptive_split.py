@@ -537,3 +537,43 @@ def test_sm_counts_are_checked():
         AdaptiveSplitPolicy(cfg, 3, sm_counts=[32, 32, 48])
     with pytest.raises(ValueError, match="drain_fraction"):
         AdaptiveSplitConfig(itl_slo_ms=20.0, ttft_slo_ms=1000.0, drain_fraction=0.2)
+
+
+def steady_drain(slo_ms: float, unconfined_top: bool, decisions: int = 120) -> list[int]:
+    """A saturating prompt queue at decode batch 64 on run 3's measured plant; the splits chosen."""
+    cfg = AdaptiveSplitConfig(itl_slo_ms=slo_ms, ttft_slo_ms=1.0, drain_backlog=True)
+    p = AdaptiveSplitPolicy(cfg, len(SMS), initial_index=0, clock=_SimClock().now, sm_counts=SMS, total_sms=132,
+                            unconfined_top=unconfined_top)
+    seen = []
+    for _ in range(decisions):
+        p.observe_decode_load(64)
+        for _ in range(8):
+            p.observe_decode_step(PHASED_PLANT[64][p.index])
+        p.observe_prefill(150.0, 2048, 60_000)
+        seen.append(p.choose())
+    return seen
+
+
+def test_the_unconfined_top_is_not_guessed_from_the_green_context_secant():
+    """Run 4 at an ITL SLO of 50.37 ms: the secant over 112/128 SMs guessed 44 ms for the
+    whole-GPU top, which measured 52.6 ms; the visit breached and cost the arm its P99."""
+    top = len(SMS) - 1
+    secant = steady_drain(50.37, unconfined_top=False)
+    assert top in secant  # the old guess walks into the top and breaches
+    guarded = steady_drain(50.37, unconfined_top=True)
+    assert top not in guarded and guarded[-1] == top - 1  # 37.7 x 1.45 = 54.7 ms > 50.37: stays at 128 SMs
+    loose = steady_drain(56.0, unconfined_top=True)
+    assert loose[-10:] == [top] * 10  # the guess (54.7) and the measurement (52.6) both hold 56 ms
+
+
+def test_the_unconfined_top_guess_scales_the_split_below():
+    p = AdaptiveSplitPolicy(AdaptiveSplitConfig(itl_slo_ms=50.0, ttft_slo_ms=1.0), len(SMS), initial_index=len(SMS) - 2,
+                            clock=_SimClock().now, sm_counts=SMS, total_sms=132, unconfined_top=True)
+    p.observe_decode_load(64)
+    assert p.guarded_itl_ms(len(SMS) - 1) == ("unknown", None)  # nothing measured below it: no exploring step
+    for _ in range(8):
+        p.observe_decode_step(40.0)
+    kind, pred = p.guarded_itl_ms(len(SMS) - 1)
+    assert kind == "guess" and pred == pytest.approx(40.0 * 1.45)
+    with pytest.raises(ValueError, match="unconfined_top_factor"):
+        AdaptiveSplitConfig(itl_slo_ms=50.0, ttft_slo_ms=1.0, unconfined_top_factor=0.9)

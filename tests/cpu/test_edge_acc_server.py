@@ -188,6 +188,41 @@ def test_killing_either_side_takes_the_server_down(role):
         server.stop()
 
 
+def _session_processes(session_id: int) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getsid(proc.pid) == session_id and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (ProcessLookupError, psutil.Error):
+            pass
+    return found
+
+
+def test_a_prefill_side_failing_at_start_takes_a_dp_server_down(monkeypatch):
+    """One DP rank's prefill side fails at start (CI saw it: a port taken). Upstream's error path
+    signals its parent, the decode side; that used to kill the decode side outright and the
+    data-parallel controller then waited forever for its "ready". Now the server exits."""
+    import harness
+
+    monkeypatch.setattr(harness, "STARTUP_TIMEOUT_S", 300.0)
+    server = CpuServer(args=("--dp", "2", "--enable-edge-acc", "--skip-server-warmup"))
+    started = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match="server exited with"):
+            server.start(env={"SGLANG_EDGEACC_TEST_FAIL_PREFILL_START_DP_RANK": "1"})
+        log = server.log_tail(200_000)
+        assert "test fault" in log  # the prefill side of DP rank 1 failed ...
+        assert "PrefillSideFailed" in log  # ... and its decode side went down through its error path
+        deadline = time.monotonic() + 10
+        while _session_processes(server.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _session_processes(server.proc.pid), "processes of the server left behind"
+        assert time.monotonic() - started < 300
+    finally:
+        server.stop()
+
+
 def test_edge_acc_metrics_on_upstream_endpoint(cpu_servers):
     server = cpu_servers.get("--enable-edge-acc", "--enable-metrics")
     server.generate("metrics please", max_new_tokens=4)

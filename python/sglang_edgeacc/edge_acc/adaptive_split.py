@@ -37,10 +37,12 @@ The rule, evaluated once per prefill batch in :meth:`AdaptiveSplitPolicy.choose`
    measured at this load; else bounded by a measurement at a heavier load; else, for the
    first split above those only, a guess (a secant over the splits measured at this load in
    ``1 / (total SMs + extrapolation_sm_offset - split SMs)``, or a carried-over estimate,
-   whichever is larger) or, with only the split below measured here, one exploring step
-   from it when it has ``hysteresis`` headroom. Splits in back-off are skipped. It does not
-   wait out the cooldown (it acts on predictions, not on the window), and the TTFT grow rule
-   (3) then grows only to the same target, never blindly one step up. On a heavier load
+   whichever is larger; for the whole-GPU top, ``unconfined_top``, the split below it times
+   ``unconfined_top_factor`` instead of the secant) or, with only the split below measured
+   here, one exploring step from it when it has ``hysteresis`` headroom. Splits in back-off
+   are skipped. It does not wait out the cooldown (it acts on predictions, not on the
+   window), and the TTFT grow rule (3) then grows only to the same target, never blindly
+   one step up. On a heavier load
    the feed-forward rule falls back only to splits measured (or bounded) at the new load.
    Without a decode load in the messages the run-3 rules below act alone.
 1. Cooldown: for ``cooldown_batches`` decisions after a change, and until
@@ -76,7 +78,8 @@ Use on the prefill side::
     if parts is None:                                        # warned: run the fixed (MPS) split
         ...
     policy = AdaptiveSplitPolicy(AdaptiveSplitConfig(itl_slo_ms=30, ttft_slo_ms=2000), len(parts),
-                                 sm_counts=parts.sm_counts, total_sms=parts.total_sms)
+                                 sm_counts=parts.sm_counts, total_sms=parts.total_sms,
+                                 unconfined_top=parts.whole_gpu_top)
     for batch in prefill_batches:
         for ms in batch.decode_step_ms:                      # sent along by the decode side
             policy.observe_decode_step(ms)                   # (measured at the previous batch's load)
@@ -177,6 +180,14 @@ class AdaptiveSplitConfig:
     # curve it predicted 21.4 ms for 72 SMs from 32/48 (measured 20.9), 25.7 ms for 96 from
     # 48/72 (23.3) and 31+ ms for 128 from 96/112 (37.7).
     extrapolation_sm_offset: int = 16
+    # The whole-GPU least-priority top (GreenContextPartitions(whole_gpu_top=True)) is no
+    # green context: prefill there is not confined, it only yields at block boundaries, so
+    # the secant over the confined splits says nothing about it (run 4 guessed 44 ms for it
+    # at batch 64 and measured 52.6). Before it is measured at a load it is guessed as the
+    # split just below, measured there, times this factor: the ratio measured on the H200 at
+    # batch 64 was 1.39 (run 3), 1.42 (run 3's probe, decode at normal priority) and 1.27
+    # (run 5), and 1.39 at batch 32.
+    unconfined_top_factor: float = 1.45
 
     def __post_init__(self) -> None:
         problems = []
@@ -204,6 +215,8 @@ class AdaptiveSplitConfig:
             problems.append(f"drain_fraction must be in (relax_fraction, 1], got {self.drain_fraction}")
         if self.extrapolation_sm_offset < 1:
             problems.append(f"extrapolation_sm_offset must be >= 1, got {self.extrapolation_sm_offset}")
+        if not self.unconfined_top_factor >= 1:
+            problems.append(f"unconfined_top_factor must be >= 1, got {self.unconfined_top_factor}")
         if problems:
             raise ValueError("adaptive SM split: " + "; ".join(problems))
 
@@ -274,6 +287,9 @@ class AdaptiveSplitPolicy:
     # drain rule's extrapolation needs the spacing. Default: evenly spaced, the top one short by one.
     sm_counts: Optional[Sequence[int]] = None
     total_sms: Optional[int] = None
+    # The last partition is the whole-GPU least-priority top, not a green context
+    # (GreenContextPartitions.whole_gpu_top): the drain guesses it differently.
+    unconfined_top: bool = False
     index: int = field(init=False)
     history: list = field(init=False, default_factory=list)
     _decode: deque = field(init=False)
@@ -479,8 +495,10 @@ class AdaptiveSplitPolicy:
 
         kind ``known``: measured here, or bounded by a heavier load (and never below a
         measured smaller split); ``guess``: extrapolated, or carried over from another load
-        (the larger of the two); ``explore``: nothing to go on but the split just below,
-        measured here (its value is returned); ``unknown``.
+        (the larger of the two; for the unconfined top, the split below times
+        ``unconfined_top_factor`` instead of the secant, and never an exploring step);
+        ``explore``: nothing to go on but the split just below, measured here (its value
+        is returned); ``unknown``.
         """
         load = self._load
         if load is None:
@@ -491,10 +509,14 @@ class AdaptiveSplitPolicy:
         known = own if own is not None else bound
         if known is not None:
             return "known", known if floor is None else max(known, floor)
+        below = self._measured(load, index - 1) if index > 0 else None
+        if self.unconfined_top and index == self.num_partitions - 1:
+            scaled = None if below is None else below * self.config.unconfined_top_factor
+            guesses = [g for g in (scaled, self.predicted_itl_ms(index)) if g is not None]
+            return ("guess", max(guesses)) if guesses else ("unknown", None)
         guesses = [g for g in (self._extrapolated(load, index), self.predicted_itl_ms(index)) if g is not None]
         if guesses:
             return "guess", max(guesses)
-        below = self._measured(load, index - 1) if index > 0 else None
         return ("explore", below) if below is not None else ("unknown", None)
 
     def _drain_target(self) -> int:

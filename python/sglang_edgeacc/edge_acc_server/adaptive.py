@@ -46,7 +46,7 @@ class AdaptiveSplit:
             return None
         config = AdaptiveSplitConfig(itl_slo_ms=flags.edge_acc_itl_slo_ms, ttft_slo_ms=flags.edge_acc_ttft_slo_ms)
         policy = AdaptiveSplitPolicy(config, len(partitions), sm_counts=partitions.sm_counts,
-                                     total_sms=partitions.total_sms)
+                                     total_sms=partitions.total_sms, unconfined_top=partitions.whole_gpu_top)
         split = cls(partitions=partitions, policy=policy, tp_rank=tp_rank)
         split._gauge = _partition_gauge(tp_rank)
         return split

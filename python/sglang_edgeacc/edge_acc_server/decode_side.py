@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -22,9 +23,10 @@ import torch
 
 from sglang_edgeacc.edge_acc.ordering import WriteFence
 from sglang_edgeacc.edge_acc.sm_partition import child_env, environment_for_child
-from sglang_edgeacc.edge_acc_server import roles
+from sglang_edgeacc.edge_acc_server import prefill_side, roles
 from sglang_edgeacc.edge_acc_server.batch_codec import encode_batch
 from sglang_edgeacc.edge_acc_server.channel import PeerLost, SideChannel, new_endpoint
+from sglang_edgeacc.edge_acc_server.child_failure import fail_on_prefill_side_sigquit
 from sglang_edgeacc.edge_acc_server.group_consensus import all_ranks_agree
 from sglang_edgeacc.edge_acc_server.messages import PrefillReady, PrefillResult, PrefillWork, Shutdown
 from sglang_edgeacc.edge_acc_server.port_plan import prefill_side_port_args
@@ -102,7 +104,9 @@ class DecodeSideMixin:
         self._edge_channel = SideChannel(endpoint, bind=True)
 
         device_type = torch.device(runner.device).type
+        fail_start = os.environ.get(prefill_side.FAIL_START_DP_RANK_ENV)
         env = {
+            prefill_side.FAIL_START_ENV: "1" if fail_start is not None and fail_start == str(ranks.dp_rank) else "0",
             roles.ROLE_ENV: roles.PREFILL,
             roles.CHANNEL_ENV: endpoint,
             **child_env(roles.PREFILL, flags.edge_acc_prefill_sm_percent, flags.edge_acc_sm_partition,
@@ -115,6 +119,7 @@ class DecodeSideMixin:
             args=(self.server_args, port_args, ranks.gpu_id, ranks.tp_rank, ranks.pp_rank, ranks.dp_rank, writer),
             name=f"edgeacc-prefill-tp{ranks.tp_rank}",
         )
+        fail_on_prefill_side_sigquit(self._edge_log_prefix())
         logger.info("%s starting the prefill side", self._edge_log_prefix())
         with environment_for_child(env):
             self._edge_prefill_proc.start()

@@ -47,6 +47,11 @@ ALL_IDLE_SLEEP_S = 0.002
 # unfixed scheduler did. A server with it set deadlocks under DP attention;
 # the regression test sets it to prove the test can fail.
 SKIP_IDLE_SYNC_ENV = "SGLANG_EDGEACC_TEST_SKIP_IDLE_SYNC"
+# Test-only: the prefill side of this DP rank fails at start, after mapping the
+# shared state (a real prefill side failed so in CI: a port taken by another).
+# The regression test shows the server then exits instead of hanging.
+FAIL_START_DP_RANK_ENV = "SGLANG_EDGEACC_TEST_FAIL_PREFILL_START_DP_RANK"
+FAIL_START_ENV = "SGLANG_EDGEACC_TEST_FAIL_PREFILL_START"  # set by the decode side of that rank
 
 # What the decode side shared, mapped before this process's scheduler is
 # built, so that the hooks of patches.edge_acc can build the model and the KV
@@ -95,6 +100,8 @@ class PrefillSideMixin:
             "[edgeacc prefill] mapped %.1f MB of weights, KV cache and req_to_token from the decode side "
             "(pid %d) in %.2f s", state.tensors.total_bytes() / 2**20, state.decode_pid, time.perf_counter() - start,
         )
+        if os.environ.get(FAIL_START_ENV) == "1":
+            raise RuntimeError(f"[edgeacc prefill] test fault: {FAIL_START_DP_RANK_ENV} names this DP rank")
 
     def _edge_prefill_adopt(self) -> None:
         """After the pools exist: check they are the decode side's memory, adopt req_to_token."""

@@ -1,0 +1,42 @@
+"""A prefill side that fails makes its decode side fail the way an upstream scheduler does.
+
+The prefill side runs upstream's ``run_scheduler_process``, whose error path logs the
+traceback and sends SIGQUIT to its parent, which here is the decode side. Left at its
+default, that signal kills the decode side outright and skips the decode side's own
+error path, so nobody tells *its* parent. Upstream's launcher polls its children and
+would notice, but with ``--dp`` the parent is the data-parallel controller, which waits
+for a scheduler's ready message on a blocking pipe: the server hung at start, with DP1's
+decode side a zombie. Here SIGQUIT becomes an exception in the decode side's main thread,
+and upstream's error path handles it like any scheduler failure (traceback, SIGQUIT to
+its own parent, server down).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+
+from sglang_edgeacc.edge_acc_server.channel import PeerLost
+
+logger = logging.getLogger(__name__)
+
+
+class PrefillSideFailed(PeerLost):
+    """The prefill side hit an error and signalled its decode side (its traceback is logged above)."""
+
+
+def _raise_prefill_side_failed(signum, frame) -> None:
+    del signum, frame
+    raise PrefillSideFailed("the prefill side failed and sent SIGQUIT to its decode side; its traceback is logged above")
+
+
+def fail_on_prefill_side_sigquit(log_prefix: str) -> bool:
+    """Turn SIGQUIT into :class:`PrefillSideFailed` in this process; False where that cannot be done."""
+    if threading.current_thread() is not threading.main_thread():
+        # Python delivers signals to the main thread only; upstream's schedulers run there.
+        logger.warning("%s not in the main thread: a failing prefill side will kill this process "
+                       "without its error path", log_prefix)
+        return False
+    signal.signal(signal.SIGQUIT, _raise_prefill_side_failed)
+    return True

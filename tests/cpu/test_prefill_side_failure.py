@@ -1,0 +1,84 @@
+"""A failing prefill side must take its decode side down through the decode side's error path.
+
+Real processes and real signals: a "decode side" process that blocks waiting for its
+child, as the decode side does while its prefill side starts, and a "prefill side"
+child that fails the way upstream's scheduler process does (SIGQUIT to its parent).
+"""
+
+from __future__ import annotations
+
+import inspect
+import multiprocessing as mp
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+
+# What upstream's scheduler error path does, in a process of its own.
+_PREFILL_SIDE_THAT_FAILS = (
+    "import psutil, signal, time; time.sleep(0.5); "
+    "psutil.Process().parent().send_signal(signal.SIGQUIT); time.sleep(30)"
+)
+
+
+def _decode_side(install_handler: bool, result) -> None:
+    from sglang_edgeacc.edge_acc_server.child_failure import PrefillSideFailed, fail_on_prefill_side_sigquit
+
+    if install_handler:
+        assert fail_on_prefill_side_sigquit("[test decode]")
+    # The writer stays open here (the real prefill side holds it): "ready" never comes.
+    reader, _writer = mp.get_context("spawn").Pipe(duplex=False)
+    child = subprocess.Popen([sys.executable, "-c", _PREFILL_SIDE_THAT_FAILS])
+    try:
+        deadline = time.monotonic() + 20
+        while not reader.poll(0.2) and time.monotonic() < deadline:  # as the decode side waits for "ready"
+            pass
+        result.put("no signal seen")
+    except PrefillSideFailed as exc:  # the decode side's error path runs: here, report it
+        result.put(f"error path: {exc}")
+    finally:
+        child.kill()
+
+
+@pytest.mark.parametrize("install_handler", [True, False], ids=["handler", "default"])
+def test_prefill_side_sigquit_reaches_the_decode_sides_error_path(install_handler):
+    ctx = mp.get_context("spawn")
+    result = ctx.Queue()
+    decode = ctx.Process(target=_decode_side, args=(install_handler, result))
+    decode.start()
+    decode.join(60)
+    assert not decode.is_alive()
+    if install_handler:
+        assert decode.exitcode == 0
+        message = result.get(timeout=5)
+        assert message.startswith("error path:") and "prefill side failed" in message
+    else:
+        # What the handler exists for: by default the signal kills the decode side outright,
+        # and nothing it would have told its own parent gets told.
+        assert decode.exitcode == -signal.SIGQUIT
+        assert result.empty()
+
+
+def test_upstream_scheduler_error_path_still_signals_its_parent():
+    """The contract the handler relies on, read from the installed sglang."""
+    from sglang.srt.managers import scheduler
+
+    source = inspect.getsource(scheduler.run_scheduler_process)
+    assert "parent_process.send_signal(signal.SIGQUIT)" in source
+
+
+def test_only_the_main_thread_can_install_it():
+    import threading
+
+    from sglang_edgeacc.edge_acc_server import child_failure
+    from sglang_edgeacc.edge_acc_server.child_failure import fail_on_prefill_side_sigquit
+
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(fail_on_prefill_side_sigquit("[test]")))
+    thread.start()
+    thread.join()
+    assert seen == [False]
+    assert signal.getsignal(signal.SIGQUIT) is not child_failure._raise_prefill_side_failed
