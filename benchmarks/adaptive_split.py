@@ -83,15 +83,14 @@ from latency_physics import (  # noqa: E402
 )
 from qwen3_shaped import Qwen3Forward, random_weights  # noqa: E402
 
-from sglang_edgeacc.edge_acc.adaptive_split import (  # noqa: E402
-    AdaptiveSplitConfig,
-    AdaptiveSplitPolicy,
+from sglang_edgeacc.edge_acc.adaptive_partitions import (  # noqa: E402
     HIGHEST_STREAM_PRIORITY,
     LOWEST_STREAM_PRIORITY,
     GreenContextPartitions,
     default_sm_counts,
     whole_gpu_low_priority_stream,
 )
+from sglang_edgeacc.edge_acc.adaptive_split import AdaptiveSplitConfig, AdaptiveSplitPolicy  # noqa: E402
 from sglang_edgeacc.edge_acc.sm_partition import green_context_stream, visible_sm_count  # noqa: E402
 
 logger = logging.getLogger("adaptive_split_bench")

@@ -8,12 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from sglang_edgeacc.edge_acc.adaptive_split import (
-    AdaptiveSplitConfig,
-    AdaptiveSplitPolicy,
-    build_partitions_or_warn,
-    default_sm_counts,
-)
+from sglang_edgeacc.edge_acc.adaptive_partitions import build_partitions_or_warn, default_sm_counts
+from sglang_edgeacc.edge_acc.adaptive_split import AdaptiveSplitConfig, AdaptiveSplitPolicy
 from sglang_edgeacc.edge_acc.sm_partition import MPS_PERCENT_VAR
 
 ITL, TTFT = 20.0, 1000.0
@@ -577,3 +573,15 @@ def test_the_unconfined_top_guess_scales_the_split_below():
     assert kind == "guess" and pred == pytest.approx(40.0 * 1.45)
     with pytest.raises(ValueError, match="unconfined_top_factor"):
         AdaptiveSplitConfig(itl_slo_ms=50.0, ttft_slo_ms=1.0, unconfined_top_factor=0.9)
+
+
+def test_the_policy_module_needs_no_torch():
+    """The policy runs wherever the decode side's messages are read; only the partitions need a GPU."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = "import sys, sglang_edgeacc.edge_acc.adaptive_split; sys.exit('torch' in sys.modules)"
+    python_dir = Path(__file__).resolve().parents[2] / "python"
+    done = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(python_dir)}, timeout=60)
+    assert done.returncode == 0

@@ -16,13 +16,12 @@ import os
 import pytest
 import torch
 
-from sglang_edgeacc.edge_acc.adaptive_split import (
-    AdaptiveSplitConfig,
-    AdaptiveSplitPolicy,
+from sglang_edgeacc.edge_acc.adaptive_partitions import (
     GreenContextPartitions,
     build_partitions_or_warn,
     high_priority_stream,
 )
+from sglang_edgeacc.edge_acc.adaptive_split import AdaptiveSplitConfig, AdaptiveSplitPolicy
 from sglang_edgeacc.edge_acc.sm_partition import MPS_PERCENT_VAR
 
 pytestmark = [

@@ -7,6 +7,11 @@
   host synchronisation), no-ops on the CPU.
 * ``sm_partition``: the environment each side is spawned with for its SM share (MPS thread
   percentage or a green-context percentage) and the green-context stream helper.
+* ``adaptive_partitions``: the pre-built green-context partitions (and the whole-GPU
+  least-priority top) the adaptive split runs prefill batches on.
+* ``adaptive_split``: the policy that picks a partition per prefill batch from the decode
+  side's step times, its load and the SLOs (standard library only).
+* ``mps`` / ``mps_cli``: the MPS control daemon's lifecycle (``sglang-edgeacc mps``).
 
 None of these modules imports sglang, so they run from the repository with ``PYTHONPATH=python``.
 """

@@ -14,12 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang_edgeacc.edge_acc.adaptive_split import (
-    AdaptiveSplitConfig,
-    AdaptiveSplitPolicy,
-    GreenContextPartitions,
-    build_partitions_or_warn,
-)
+from sglang_edgeacc.edge_acc.adaptive_partitions import GreenContextPartitions, build_partitions_or_warn
+from sglang_edgeacc.edge_acc.adaptive_split import AdaptiveSplitConfig, AdaptiveSplitPolicy
 
 logger = logging.getLogger(__name__)
 
