@@ -80,6 +80,7 @@ from latency_physics import (  # noqa: E402
     run_decode_only,
     run_single_process,
     summarize,
+    timed_decode_steps,
 )
 from qwen3_shaped import Qwen3Forward, random_weights  # noqa: E402
 
@@ -452,13 +453,7 @@ def run_two_process(
             for _ in range(5):
                 runner.step()
             parent.send("go")
-            itl, last = [], time.perf_counter()
-            end = last + seconds
-            while last < end:
-                runner.step()
-                now = time.perf_counter()
-                itl.append(now - last)
-                last = now
+            itl = timed_decode_steps(runner, seconds)
         parent.send("stop")
         if not parent.poll(TWO_PROCESS_TIMEOUT_S):
             raise TimeoutError(f"{arm}: the prefill process did not report")

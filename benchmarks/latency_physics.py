@@ -142,9 +142,8 @@ class DecodeRunner:
         sync(self.device)
 
 
-def run_decode_only(decode: DecodeRunner, seconds: float) -> ArmResult:
-    for _ in range(5):
-        decode.step()
+def timed_decode_steps(decode: DecodeRunner, seconds: float) -> list[float]:
+    """Back-to-back decode steps for ``seconds``; their inter-token times in seconds."""
     itl, last = [], time.perf_counter()
     end = last + seconds
     while last < end:
@@ -152,7 +151,13 @@ def run_decode_only(decode: DecodeRunner, seconds: float) -> ArmResult:
         now = time.perf_counter()
         itl.append(now - last)
         last = now
-    return summarize("decode-only", itl, 0, seconds, 0)
+    return itl
+
+
+def run_decode_only(decode: DecodeRunner, seconds: float) -> ArmResult:
+    for _ in range(5):
+        decode.step()
+    return summarize("decode-only", timed_decode_steps(decode, seconds), 0, seconds, 0)
 
 
 def capture_prefill_graphs(fwd: Qwen3Forward, pk, pv, prompt: torch.Tensor, step: int, device) -> dict:

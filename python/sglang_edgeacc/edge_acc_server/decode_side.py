@@ -104,9 +104,9 @@ class DecodeSideMixin:
         self._edge_channel = SideChannel(endpoint, bind=True)
 
         device_type = torch.device(runner.device).type
-        fail_start = os.environ.get(prefill_side.FAIL_START_DP_RANK_ENV)
+        fail_start = os.environ.get(prefill_side.FAIL_START_DP_RANK_ENV) == str(ranks.dp_rank)
         env = {
-            prefill_side.FAIL_START_ENV: "1" if fail_start is not None and fail_start == str(ranks.dp_rank) else "0",
+            prefill_side.FAIL_START_ENV: "1" if fail_start else "0",
             roles.ROLE_ENV: roles.PREFILL,
             roles.CHANNEL_ENV: endpoint,
             **child_env(roles.PREFILL, flags.edge_acc_prefill_sm_percent, flags.edge_acc_sm_partition,

@@ -13,48 +13,32 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import socket
 import tempfile
 import uuid
 
-# The prefill sides bind their NCCL port only later. A port from the kernel's
-# ephemeral range (bind to port 0) can meanwhile go to some outgoing connection,
-# so, as upstream does for its own, the port comes from below that range. It
-# must not come from upstream's helper for this: the scheduler seeds Python's
-# ``random`` with --random-seed, so every prefill side drew the same port and
-# the second one's process group failed with EADDRINUSE (CI, --dp 2). Upstream
-# draws its NCCL ports from 22000-29999; these come from the next band up.
+from sglang.srt.utils.network import get_free_port_below_ephemeral
+
+# The prefill sides bind their NCCL port only later, so (as upstream does for its
+# own) the port comes from below the kernel's ephemeral range, where no outgoing
+# connection can take it in the meantime; upstream draws its ports from
+# 22000-29999, these from the band above.
 _NCCL_PORT_BAND = (30000, 32767)
-_SYSTEM_RANDOM = random.SystemRandom()
-
-
-def _ephemeral_low() -> int:
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
-            return int(fh.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-    return True
 
 
 def free_nccl_port() -> int:
-    """A free port below the ephemeral range, drawn independently of any seeded RNG."""
-    low, high = _NCCL_PORT_BAND[0], min(_NCCL_PORT_BAND[1], _ephemeral_low() - 1)
-    if high - low >= 64:
-        for port in _SYSTEM_RANDOM.sample(range(low, high + 1), 64):
-            if _bindable(port):
-                return port
-    with socket.socket() as sock:  # no room below the ephemeral range on this host
-        sock.bind(("0.0.0.0", 0))
-        return sock.getsockname()[1]
+    """Upstream's below-ephemeral port draw, from an unseeded RNG.
+
+    Every scheduler seeds Python's ``random`` with --random-seed, which upstream's
+    helper draws from: every prefill side then drew the same port, and the second
+    one's process group failed with EADDRINUSE (CI, --dp 2). The draw runs on a fresh
+    seed, and the scheduler's own random state is put back afterwards.
+    """
+    state = random.getstate()
+    random.seed()
+    try:
+        return get_free_port_below_ephemeral(*_NCCL_PORT_BAND)
+    finally:
+        random.setstate(state)
 
 
 def _fresh_ipc() -> str:
