@@ -82,3 +82,70 @@ def test_only_the_main_thread_can_install_it():
     thread.join()
     assert seen == [False]
     assert signal.getsignal(signal.SIGQUIT) is not child_failure._raise_prefill_side_failed
+
+
+# A prefill side as far as binding to its decode side goes: "imports" (the sleep), binds, then
+# waits as for the shared state. It writes "bound" once it is past the check.
+_PREFILL_SIDE_THAT_BINDS = (
+    "import pathlib, sys, time; time.sleep(float(sys.argv[1])); "
+    "from sglang_edgeacc.edge_acc_server.child_failure import die_with_decode_side; "
+    "die_with_decode_side('[test prefill]'); pathlib.Path(sys.argv[2]).write_text('bound'); time.sleep(120)"
+)
+
+
+def _decode_side_that_dies(import_s: float, marker: str, log: str, pids) -> None:
+    import os
+
+    from sglang_edgeacc.edge_acc_server import roles
+
+    env = {**os.environ, roles.DECODE_PID_ENV: str(os.getpid())}
+    with open(log, "w") as out:
+        child = subprocess.Popen([sys.executable, "-c", _PREFILL_SIDE_THAT_BINDS, str(import_s), marker],
+                                 env=env, stdout=out, stderr=subprocess.STDOUT)
+    pids.send(child.pid)  # a pipe, not a queue: os._exit below would drop a queue's buffer
+    if import_s == 0:  # die once the child is bound; else die at once, while it is still "importing"
+        deadline = time.monotonic() + 60
+        while not os.path.exists(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    os._exit(0)  # no cleanup, as under SIGKILL
+
+
+def _gone(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("dies", ["while_the_prefill_side_starts", "after_it_is_bound"])
+def test_a_prefill_side_does_not_outlive_its_decode_side(dies, tmp_path):
+    """CI found a prefill side left behind: its decode side was killed while it was still importing,
+    before upstream arms the parent-death signal, and it then waited for shared state that never came."""
+    import pathlib
+
+    ctx = mp.get_context("spawn")
+    pids, pid_writer = ctx.Pipe(duplex=False)
+    marker, log = tmp_path / "bound", tmp_path / "prefill.log"
+    import_s = 3.0 if dies == "while_the_prefill_side_starts" else 0.0
+    decode = ctx.Process(target=_decode_side_that_dies, args=(import_s, str(marker), str(log), pid_writer))
+    decode.start()
+    assert pids.poll(60), "the decode side never started its prefill side"
+    child = pids.recv()
+    decode.join(60)
+    deadline = time.monotonic() + 60
+    while not _gone(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    try:
+        assert _gone(child), f"the prefill side outlived its decode side:\n{pathlib.Path(log).read_text()}"
+    finally:
+        if not _gone(child):
+            import os
+
+            os.kill(child, signal.SIGKILL)
+    if import_s:
+        assert not marker.exists()
+        assert "exited while this prefill side was starting" in log.read_text()
+    else:
+        assert marker.read_text() == "bound"  # killed by the kernel, not by the check

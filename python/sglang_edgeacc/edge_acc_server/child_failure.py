@@ -1,4 +1,6 @@
-"""A prefill side that fails makes its decode side fail the way an upstream scheduler does.
+"""The two sides of EdgeAcc go down together, whichever fails first.
+
+A prefill side that fails makes its decode side fail the way an upstream scheduler does.
 
 The prefill side runs upstream's ``run_scheduler_process``, whose error path logs the
 traceback and sends SIGQUIT to its parent, which here is the decode side. Left at its
@@ -9,14 +11,23 @@ for a scheduler's ready message on a blocking pipe: the server hung at start, wi
 decode side a zombie. Here SIGQUIT becomes an exception in the decode side's main thread,
 and upstream's error path handles it like any scheduler failure (traceback, SIGQUIT to
 its own parent, server down).
+
+A decode side that dies takes its prefill side with it. Upstream arms the parent-death
+signal (SIGKILL when the parent exits) in a scheduler process only once that process has
+imported sglang, seconds after it was spawned. A decode side killed in that window (the
+server going down at start, the OOM killer) left an orphan that waited ten minutes for
+shared state that would never come; CI found one left behind. The prefill side arms the
+signal itself and then checks that its parent is still the decode side.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 
+from sglang_edgeacc.edge_acc_server import roles
 from sglang_edgeacc.edge_acc_server.channel import PeerLost
 
 logger = logging.getLogger(__name__)
@@ -40,3 +51,20 @@ def fail_on_prefill_side_sigquit(log_prefix: str) -> bool:
         return False
     signal.signal(signal.SIGQUIT, _raise_prefill_side_failed)
     return True
+
+
+def die_with_decode_side(log_prefix: str) -> int:
+    """In a prefill side: exit when the decode side does, also if it already has. Returns its pid."""
+    from sglang.srt.utils.common import kill_itself_when_parent_died
+
+    decode_pid = roles.decode_side_pid()
+    kill_itself_when_parent_died()  # from here on the kernel does it
+    if os.getppid() != decode_pid:
+        # The decode side died before the signal was armed; this process was adopted by
+        # another (init, in a container). Upstream's error path would send SIGQUIT to that
+        # adopter, so leave without it: there is nobody left to tell.
+        logger.error("%s the decode side (pid %d) exited while this prefill side was starting; exiting",
+                     log_prefix, decode_pid)
+        logging.shutdown()
+        os._exit(1)
+    return decode_pid

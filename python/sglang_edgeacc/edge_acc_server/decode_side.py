@@ -109,6 +109,7 @@ class DecodeSideMixin:
             prefill_side.FAIL_START_ENV: "1" if fail_start else "0",
             roles.ROLE_ENV: roles.PREFILL,
             roles.CHANNEL_ENV: endpoint,
+            roles.DECODE_PID_ENV: str(os.getpid()),
             **child_env(roles.PREFILL, flags.edge_acc_prefill_sm_percent, flags.edge_acc_sm_partition,
                         tp_rank=ranks.tp_rank, device_type=device_type),
         }

@@ -27,6 +27,7 @@ from sglang_edgeacc.edge_acc.tensor_share import import_tensors
 from sglang_edgeacc.edge_acc_server import roles
 from sglang_edgeacc.edge_acc_server.batch_codec import LocalObjects, decode_batch
 from sglang_edgeacc.edge_acc_server.channel import SideChannel
+from sglang_edgeacc.edge_acc_server.child_failure import die_with_decode_side
 from sglang_edgeacc.edge_acc_server.group_consensus import all_ranks_agree
 from sglang_edgeacc.edge_acc_server.messages import (
     PrefillReady,
@@ -84,10 +85,10 @@ class PrefillSideMixin:
     def _edge_prefill_connect(self) -> None:
         """Before the scheduler is built: receive the decode side's shared state."""
         global _pending_state
+        decode_pid = die_with_decode_side("[edgeacc prefill]")
         self._edge_channel = SideChannel(os.environ[roles.CHANNEL_ENV], bind=False)
-        parent = os.getppid()
         state = self._edge_channel.recv(
-            timeout_s=SHARED_STATE_TIMEOUT_S, peer_alive=lambda: _decode_side_alive(parent), what="shared state"
+            timeout_s=SHARED_STATE_TIMEOUT_S, peer_alive=lambda: _decode_side_alive(decode_pid), what="shared state"
         )
         assert isinstance(state, SharedState), type(state)
         global _pending_import

@@ -14,6 +14,9 @@ import os
 ENABLED_ENV = "SGLANG_EDGEACC"
 ROLE_ENV = "SGLANG_EDGEACC_ROLE"
 CHANNEL_ENV = "SGLANG_EDGEACC_CHANNEL"
+# The decode side's pid, given to its prefill side: by the time the prefill side
+# looks, its parent may already be another process that adopted it.
+DECODE_PID_ENV = "SGLANG_EDGEACC_DECODE_PID"
 PREFILL = "prefill"
 DECODE = "decode"
 
@@ -28,6 +31,10 @@ def is_prefill_side() -> bool:
 
 def is_decode_side() -> bool:
     return edge_acc_enabled() and not is_prefill_side()
+
+
+def decode_side_pid() -> int:
+    return int(os.environ[DECODE_PID_ENV])
 
 
 def role() -> str:
