@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import multiprocessing as mp
+import os
 import signal
 import subprocess
 import sys
@@ -94,8 +95,6 @@ _PREFILL_SIDE_THAT_BINDS = (
 
 
 def _decode_side_that_dies(import_s: float, marker: str, log: str, pids) -> None:
-    import os
-
     from sglang_edgeacc.edge_acc_server import roles
 
     env = {**os.environ, roles.DECODE_PID_ENV: str(os.getpid())}
@@ -123,8 +122,6 @@ def _gone(pid: int) -> bool:
 def test_a_prefill_side_does_not_outlive_its_decode_side(dies, tmp_path):
     """CI found a prefill side left behind: its decode side was killed while it was still importing,
     before upstream arms the parent-death signal, and it then waited for shared state that never came."""
-    import pathlib
-
     ctx = mp.get_context("spawn")
     pids, pid_writer = ctx.Pipe(duplex=False)
     marker, log = tmp_path / "bound", tmp_path / "prefill.log"
@@ -138,11 +135,9 @@ def test_a_prefill_side_does_not_outlive_its_decode_side(dies, tmp_path):
     while not _gone(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     try:
-        assert _gone(child), f"the prefill side outlived its decode side:\n{pathlib.Path(log).read_text()}"
+        assert _gone(child), f"the prefill side outlived its decode side:\n{log.read_text()}"
     finally:
         if not _gone(child):
-            import os
-
             os.kill(child, signal.SIGKILL)
     if import_s:
         assert not marker.exists()
