@@ -92,6 +92,7 @@ from sglang_edgeacc.edge_acc.adaptive_partitions import (  # noqa: E402
     whole_gpu_low_priority_stream,
 )
 from sglang_edgeacc.edge_acc.adaptive_split import AdaptiveSplitConfig, AdaptiveSplitPolicy  # noqa: E402
+from sglang_edgeacc.edge_acc.disjoint_green import disjoint_green_streams  # noqa: E402
 from sglang_edgeacc.edge_acc.sm_partition import green_context_stream, visible_sm_count  # noqa: E402
 
 logger = logging.getLogger("adaptive_split_bench")
@@ -124,15 +125,29 @@ class PhaseResult:
 
 
 class Partitions:
-    """Green-context streams, or plain contexts on the CPU dry run (no confinement there)."""
+    """Green-context streams, or plain contexts on the CPU dry run (no confinement there).
 
-    def __init__(self, device: torch.device, sm_counts: list[int], whole_gpu_top: bool = False, total_sms: int = 132):
+    ``co_decode_sms``: co-partitions after the others (label ``co-dD``): decode confined to
+    a green context of D SMs, prefill to one on the other SMs, cut from one split
+    (``edge_acc.disjoint_green``). Their decode steps replay a graph captured on the
+    decode group's stream (:meth:`add_decode_runners`).
+    """
+
+    def __init__(self, device: torch.device, sm_counts: list[int], whole_gpu_top: bool = False, total_sms: int = 132,
+                 co_decode_sms: tuple[int, ...] = (), decode_priority: int = 0):
         self.device = device
         self.whole_gpu_top = whole_gpu_top
+        self.co: dict[int, object] = {}  # partition index -> DisjointGreenStreams
+        self.co_runners: dict[tuple[int, int], DecodeRunner] = {}  # (partition index, batch) -> runner
         if device.type == "cuda":
             self.green = GreenContextPartitions(sm_counts, device.index or 0, whole_gpu_top=whole_gpu_top)
             self.sm_counts = self.green.sm_counts
             self.labels = self.green.labels
+            for d in co_decode_sms:
+                pair = disjoint_green_streams(d, device.index or 0, group_priority=decode_priority, role="decode")
+                self.co[len(self.sm_counts)] = pair
+                self.sm_counts = [*self.sm_counts, pair.remainder.num_sms]
+                self.labels = [*self.labels, f"co-d{pair.group.num_sms}"]
         else:
             self.green = None
             self.sm_counts = sm_counts + ([total_sms] if whole_gpu_top else [])
@@ -141,15 +156,57 @@ class Partitions:
     def __len__(self) -> int:
         return len(self.sm_counts)
 
+    def prefill_stream(self, index: int) -> Optional[torch.cuda.Stream]:
+        if index in self.co:
+            return self.co[index].remainder.stream
+        return None if self.green is None else self.green.stream(index)
+
+    def decode_stream(self, index: int) -> Optional[torch.cuda.Stream]:
+        """The co-partition's decode group, or None: decode runs on its own whole-GPU stream."""
+        return self.co[index].group.stream if index in self.co else None
+
+    def add_decode_runners(self, fwd, kc, vc, batches: list[int], ctx_len: int) -> None:
+        for i, pair in self.co.items():
+            for bsz in batches:
+                self.co_runners[(i, bsz)] = DecodeRunner(fwd, [k[:bsz] for k in kc], [v[:bsz] for v in vc], bsz,
+                                                         ctx_len, self.device, capture_stream=pair.group.stream)
+
+    def add_prefill_graphs(self, fwd, pk, pv, prompt: torch.Tensor, piece: int) -> None:
+        """``--graphed-prefill``: every piece position captured on every partition's own stream (a graph
+        keeps the SMs of the stream it was captured on: run 7), one memory pool for all."""
+        self.prefill_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        pool = None
+        for i in range(len(self)):
+            stream = self.prefill_stream(i)
+            with torch.inference_mode():
+                with torch.cuda.stream(stream):
+                    for past in range(0, prompt.shape[0], piece):
+                        fwd.prefill(prompt[past : past + piece], pk, pv, slot0=0, past_len=past)
+                stream.synchronize()
+                for past in range(0, prompt.shape[0], piece):
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g, pool=pool, stream=stream):
+                        fwd.prefill(prompt[past : past + piece], pk, pv, slot0=0, past_len=past)
+                    pool = g.pool()
+                    self.prefill_graphs[(i, past)] = g
+
+    def run_piece(self, index: int, fwd, pk, pv, prompt: torch.Tensor, past: int, n: int) -> None:
+        graph = getattr(self, "prefill_graphs", {}).get((index, past))
+        with self.stream_ctx(index):
+            if graph is not None:
+                graph.replay()
+            else:
+                fwd.prefill(prompt[past : past + n], pk, pv, slot0=0, past_len=past)
+
     def stream_ctx(self, index: int):
-        if self.green is None:
-            return contextlib.nullcontext()
-        return torch.cuda.stream(self.green.stream(index))
+        stream = self.prefill_stream(index)
+        return contextlib.nullcontext() if stream is None else torch.cuda.stream(stream)
 
     def wait(self, index: int) -> None:
-        if self.green is not None:
+        stream = self.prefill_stream(index)
+        if stream is not None:
             ev = torch.cuda.Event()
-            ev.record(self.green.stream(index))
+            ev.record(stream)
             ev.synchronize()  # releases the GIL while the piece runs: the decode thread keeps going
 
 
@@ -170,6 +227,7 @@ def run_concurrent(
     itl_target_ms: Optional[float] = None,
     queue_before_choose: bool = False,
     decode_pace_ms: Callable[[], float] = lambda: 0.0,
+    initial_index: int = 0,
 ) -> tuple[list[PhaseResult], list[tuple[float, int]]]:
     """Decode in a thread, prefill pieces here; returns per-phase results and the (t, partition) trace.
 
@@ -214,11 +272,22 @@ def run_concurrent(
     t0_box: list[float] = []
     ready = threading.Event()
     batch_box = [phases[0].decode_batch]  # the decode batch now, when load_change_at == "piece"
+    part_box = [initial_index]  # the partition of the prefill piece in flight (co-partitions move decode too)
 
     def admit_load(t: float) -> int:
         """The prefill side's view at a piece start: the decode batch from now on."""
         batch_box[0] = bounds[phase_at(t)][2].decode_batch
         return batch_box[0]
+
+    def decode_step(batch: int) -> None:
+        """One step where the piece in flight leaves decode: its co-partition group, else the decode stream."""
+        idx = part_box[0]
+        group = parts.decode_stream(idx)
+        if group is None:
+            runners[batch].step()
+        else:
+            with torch.cuda.stream(group):
+                parts.co_runners[(idx, batch)].step()
 
     def decode_loop() -> None:
         ctx = torch.cuda.stream(decode_stream) if decode_stream is not None else contextlib.nullcontext()
@@ -226,6 +295,10 @@ def run_concurrent(
             for r in runners.values():
                 for _ in range(3):
                     r.step()
+            for (i, _), r in parts.co_runners.items():
+                with torch.cuda.stream(parts.decode_stream(i)):
+                    for _ in range(3):
+                        r.step()
             ready.set()
             while not t0_box:
                 time.sleep(0.0005)
@@ -239,7 +312,7 @@ def run_concurrent(
                         time.sleep(delay)
                 batch = bounds[phase_at(last - t0)][2].decode_batch if load_change_at == "time" else batch_box[0]
                 start = time.perf_counter()
-                runners[batch].step()
+                decode_step(batch)
                 now = time.perf_counter()
                 decode_log.append((now - t0, (now - last) * 1e3))
                 mailbox.append(((now - start) * 1e3, batch))
@@ -298,9 +371,9 @@ def run_concurrent(
                 elif load_change_at == "piece":
                     admit_load(time.perf_counter() - t0)
                 idx = pick()
+                part_box[0] = idx
                 start = time.perf_counter()
-                with parts.stream_ctx(idx):
-                    fwd.prefill(prompt[past : past + n], pk, pv, slot0=0, past_len=past)
+                parts.run_piece(idx, fwd, pk, pv, prompt, past, n)
                 parts.wait(idx)
                 end = time.perf_counter()
                 ms = (end - start) * 1e3
@@ -480,6 +553,47 @@ def interp_p99(curve: list[tuple[float, float]], tok_s: float) -> Optional[float
     return pts[-1][1]
 
 
+def prefill_only_tok_s(fwd, pk, pv, prompt, piece: int, stream: Optional[torch.cuda.Stream], seconds: float = 1.5) -> float:
+    """Prefill pieces back to back on ``stream`` (None: the current one), nothing else running."""
+    length, tokens, past = prompt.shape[0], 0, 0
+    ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+    with torch.inference_mode(), ctx:
+        fwd.prefill(prompt[:piece], pk, pv, slot0=0, past_len=0)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            n = min(piece, length - past)
+            fwd.prefill(prompt[past : past + n], pk, pv, slot0=0, past_len=past)
+            torch.cuda.current_stream().synchronize()
+            tokens, past = tokens + n, (past + n) % length
+        return round(tokens / (time.perf_counter() - start), 1)
+
+
+def co_partition_probes(parts: Partitions, fwd, runner: DecodeRunner, pk, pv, prompt, piece: int, batch: int) -> list[dict]:
+    """Each co-partition's sides alone: is decode really confined (slower on fewer SMs, whichever stream
+    the graph was captured on), and what does prefill make on the remainder?"""
+    if not parts.co:
+        return []
+    whole = prefill_only_tok_s(fwd, pk, pv, prompt, piece, None)
+    rows = []
+    for i, pair in parts.co.items():
+        with torch.cuda.stream(pair.group.stream):
+            own = run_decode_only(parts.co_runners[(i, batch)], 1.5)
+            foreign = run_decode_only(runner, 1.5)  # captured on an ordinary stream, replayed on the group
+        rows.append({
+            "label": parts.labels[i],
+            "decode_sms": pair.group.num_sms,
+            "prefill_sms": pair.remainder.num_sms,
+            "decode_only_p50_ms": own.decode_p50_ms,
+            "decode_only_p99_ms": own.decode_p99_ms,
+            "decode_only_p50_ms_foreign_graph": foreign.decode_p50_ms,
+            "prefill_only_tok_s": prefill_only_tok_s(fwd, pk, pv, prompt, piece, pair.remainder.stream),
+            "whole_gpu_prefill_tok_s": whole,
+        })
+        logger.info("co-partition probe %s", rows[-1])
+    return rows
+
+
 def to_arm(r: PhaseResult, note: str = "") -> ArmResult:
     return ArmResult(r.arm, r.decode_steps, r.decode_p50_ms, r.decode_p99_ms, float("nan"), 0, r.prefill_tok_s, r.prompts_done, note)
 
@@ -528,6 +642,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--paced-fixed", default="",
                     help="steady fixed splits with the decode side pacing its steps: comma list of LABEL:MS "
                          "(e.g. all-lowprio:75), a step starting MS after the previous one started")
+    ap.add_argument("--co-decode-sms", default="",
+                    help="co-partitions (label co-dD) after the others: decode confined to D SMs, prefill to the "
+                         "rest, disjoint green contexts from one split; each also gets a decode-only and a "
+                         "prefill-only probe")
+    ap.add_argument("--graphed-prefill", action="store_true",
+                    help="the split arms replay their prefill pieces from CUDA graphs captured on each partition's "
+                         "stream (chunked prefill's graphed arms, on both sides); the server's prefill side runs eager")
     ap.add_argument("--skip-chunked", action="store_true")
     ap.add_argument("--skip-adaptive-steady", action="store_true")
     ap.add_argument("--skip-phased", action="store_true")
@@ -591,6 +712,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             two_process.append(r)
             steady.append(r)
             logger.info("%s", r)
+    probes: list[dict] = []
     if args.two_process_only:
         args.skip_chunked = args.skip_adaptive_steady = args.skip_phased = True
         parts = None
@@ -598,7 +720,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         pk = [torch.zeros(args.prompt_len, shape.kv_heads, shape.head_dim, device=device, dtype=dtype) for _ in range(shape.layers)]
         pv = [torch.zeros_like(k) for k in pk]
         prompt = torch.randint(0, shape.vocab, (args.prompt_len,), device=device)
-        parts = Partitions(device, sm_counts, whole_gpu_top=args.whole_gpu_top, total_sms=total_sms)
+        co = tuple(int(x) for x in args.co_decode_sms.split(",") if x) if device.type == "cuda" else ()
+        parts = Partitions(device, sm_counts, whole_gpu_top=args.whole_gpu_top, total_sms=total_sms,
+                           co_decode_sms=co, decode_priority=prios[-1])
+        parts.add_decode_runners(fwd, kc, vc, sorted({b, bb}), ctx_len)
+        if args.graphed_prefill and device.type == "cuda":
+            parts.add_prefill_graphs(fwd, pk, pv, prompt, args.piece)
+            logger.info("prefill pieces captured on %d partitions' streams", len(parts))
+        probes = co_partition_probes(parts, fwd, runners[b], pk, pv, prompt, args.piece, b)
         logger.info("setup %.1fs; partitions %s of %d SMs", time.perf_counter() - t_start, parts.labels, total_sms)
     chunked = []
     if not args.skip_chunked:
@@ -618,7 +747,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             if steady_wanted and label not in steady_wanted:
                 continue
             arm = f"green-{label}{suffix[prio]}"
-            res, _ = run_concurrent(arm, fwd, runners, pk, pv, prompt, parts, sat, args.piece, lambda i=i: i,
+            res, _ = run_concurrent(arm, fwd, runners, pk, pv, prompt, parts, sat, args.piece, lambda i=i: i, initial_index=i,
                                     decode_priority=prio)
             fixed_steady.append(res[0])
             steady.append(to_arm(res[0]))
@@ -631,7 +760,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise SystemExit(f"--paced-fixed {spec!r}: want LABEL:MS with LABEL one of {parts.labels}")
         i = parts.labels.index(label)
         arm = f"green-{label}{suffix[policy_prio]}-pace{pace}"
-        res, _ = run_concurrent(arm, fwd, runners, pk, pv, prompt, parts, sat, args.piece, lambda i=i: i,
+        res, _ = run_concurrent(arm, fwd, runners, pk, pv, prompt, parts, sat, args.piece, lambda i=i: i, initial_index=i,
                                 decode_priority=policy_prio, decode_pace_ms=lambda p=float(pace): p)
         fixed_steady.append(res[0])
         steady.append(to_arm(res[0]))
@@ -683,7 +812,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             if label not in wanted:
                 continue
             res, _ = run_concurrent(f"green-{label}{suffix[policy_prio]}", fwd, runners, pk, pv, prompt, parts, phases,
-                                    args.piece, lambda i=i: i, decode_priority=policy_prio,
+                                    args.piece, lambda i=i: i, initial_index=i, decode_priority=policy_prio,
                                     load_change_at=args.load_change_at, itl_target_ms=itl_slo)
             phased.extend(res)
             for r in res:
@@ -758,6 +887,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "partitions": parts.labels if parts is not None else None,
         "decode_priority": args.decode_priority,
         "whole_gpu_top": args.whole_gpu_top,
+        "graphed_prefill": args.graphed_prefill,
         "mps_pipe_directory": os.environ.get("CUDA_MPS_PIPE_DIRECTORY", ""),
         "seconds_per_arm": args.seconds,
         "phase_seconds": args.phase_seconds,
@@ -801,6 +931,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         )
     lines += ["", "Phases missing a target (ITL P99, TTFT P90, or prompts left waiting):", ""]
     lines += [f"- {v['arm']}: {', '.join(v['misses']) or 'none'}" for v in verdict]
+    if probes:
+        lines += ["", "Co-partition probes (each side alone on its group):", "",
+                  "| partition | decode SMs | decode-only P50 ms (graph captured on the group) | same, graph captured "
+                  "off it | prefill SMs | prefill-only tok/s | whole GPU prefill-only tok/s |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| {p['label']} | {p['decode_sms']} | {p['decode_only_p50_ms']} | {p['decode_only_p50_ms_foreign_graph']} "
+                  f"| {p['prefill_sms']} | {p['prefill_only_tok_s']} | {p['whole_gpu_prefill_tok_s']} |" for p in probes]
     table = "\n".join(lines)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -810,6 +947,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "fixed_steady": [asdict(r) for r in fixed_steady],
         "adaptive_steady": [asdict(r) for r in adaptive_steady],
         "two_process": [asdict(r) for r in two_process],
+        "co_partition_probes": probes,
         "vs_chunked": vs,
         "phased": [asdict(p) for p in phased],
         "phased_verdict": verdict,

@@ -18,7 +18,7 @@ if [ -n "${ONE_B_ARGS:-}" ]; then
   timeout ${ONE_B_TIMEOUT:-150} python3 benchmarks/adaptive_split.py $ONE_B_ARGS --out "$OUT/one_b" > "$OUT/one_b.log" 2>&1; echo "one_b rc=$?" >> "$OUT/gpu.txt"
 fi
 if [ -n "${GPU_TEST:-}" ]; then
-  timeout ${GPU_TEST_TIMEOUT:-50} python3 -m pytest -q -s -m gpu tests/gpu/test_adaptive_split_gpu.py > "$OUT/gpu_test.log" 2>&1; echo "gpu_test rc=$?" >> "$OUT/gpu.txt"
+  timeout ${GPU_TEST_TIMEOUT:-50} python3 -m pytest -q -s -m gpu ${GPU_TESTS:-tests/gpu/test_adaptive_split_gpu.py} > "$OUT/gpu_test.log" 2>&1; echo "gpu_test rc=$?" >> "$OUT/gpu.txt"
 fi
 if [ -n "${TWO_ARGS:-}" ]; then
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log

@@ -112,7 +112,10 @@ def sync(device: torch.device) -> None:
 class DecodeRunner:
     """A fixed decode batch at steady state, replayed from a CUDA graph on GPUs."""
 
-    def __init__(self, fwd: Qwen3Forward, k_cache, v_cache, batch: int, ctx: int, device: torch.device):
+    def __init__(self, fwd: Qwen3Forward, k_cache, v_cache, batch: int, ctx: int, device: torch.device,
+                 capture_stream: Optional[torch.cuda.Stream] = None):
+        """``capture_stream``: warm up and capture there (a green-context stream: the graph's kernels
+        are then confined to its SMs); default, a fresh side stream."""
         self.device = device
         self.position = ctx - 1
         self.ids = torch.randint(0, fwd.s.vocab, (batch,), device=device)
@@ -120,14 +123,14 @@ class DecodeRunner:
         self.graph: Optional[torch.cuda.CUDAGraph] = None
         with torch.inference_mode():
             if device.type == "cuda":
-                side = torch.cuda.Stream(device)
+                side = capture_stream if capture_stream is not None else torch.cuda.Stream(device)
                 side.wait_stream(torch.cuda.current_stream(device))
                 with torch.cuda.stream(side):
                     for _ in range(3):
                         self.out = fwd.decode_step(self.ids, self.position, k_cache, v_cache)
                 torch.cuda.current_stream(device).wait_stream(side)
                 self.graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(self.graph):
+                with torch.cuda.graph(self.graph, stream=capture_stream):
                     self.out = fwd.decode_step(self.ids, self.position, k_cache, v_cache)
             else:
                 self.out = fwd.decode_step(self.ids, self.position, k_cache, v_cache)

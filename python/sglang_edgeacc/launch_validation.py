@@ -91,6 +91,59 @@ def _on_cpu_platform(args: argparse.Namespace) -> bool:
     return is_selected() or getattr(args, "device", None) == "cpu" or os.environ.get("SGLANG_USE_CPU_ENGINE") == "1"
 
 
+GREEN_CONTEXT_PARTITIONS = ("green-context", "adaptive")
+
+
+def _prefill_graph_backend_asked(args: argparse.Namespace) -> Optional[str]:
+    """The prefill CUDA graph backend the user chose, by flag or in --cuda-graph-config; None if left default."""
+    import json
+
+    chosen = getattr(args, "cuda_graph_backend_prefill", None)
+    raw = getattr(args, "cuda_graph_config", None)
+    if isinstance(raw, str) and raw.strip().startswith("{"):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            raw = None  # upstream's own parser reports a malformed config
+    if isinstance(raw, dict) and isinstance(raw.get("prefill"), dict) and raw["prefill"].get("backend"):
+        chosen = raw["prefill"]["backend"]
+    return None if chosen is None else str(chosen)
+
+
+def keep_prefill_graphs_inside_green_contexts(flags: EdgeAccFlags, args: argparse.Namespace) -> None:
+    """Before upstream resolves its CUDA graph config: no prefill graphs where green contexts confine prefill.
+
+    A CUDA graph's kernels run on the SMs of the stream it was *captured* on, not the
+    stream it is replayed on (H200: a decode graph captured outside a 16-SM green context
+    and replayed on it ran at whole-GPU speed, 13.9 ms against 50 ms; docs/benchmarks.md,
+    run 7). Upstream captures its prefill graphs before the prefill side picks a
+    partition, so they would escape the split. The prefill side therefore runs eager
+    under ``--edge-acc-sm-partition green-context|adaptive``: the default graph is turned
+    off here, an explicit one is refused.
+    """
+    import logging
+
+    if not flags.enable_edge_acc or flags.edge_acc_sm_partition not in GREEN_CONTEXT_PARTITIONS:
+        return
+    if _on_cpu_platform(args):
+        return
+    asked = _prefill_graph_backend_asked(args)
+    if asked is not None and asked != "disabled":
+        raise EdgeAccConfigError(
+            f"--enable-edge-acc --edge-acc-sm-partition {flags.edge_acc_sm_partition} with prefill CUDA graphs "
+            f"(--cuda-graph-backend-prefill {asked}): a CUDA graph runs on the SMs of the stream it was captured "
+            f"on, so graphs captured before the prefill side picks its green-context partition would escape it. "
+            f"Use --cuda-graph-backend-prefill disabled, or --edge-acc-sm-partition mps to keep prefill graphs."
+        )
+    if not getattr(args, "disable_prefill_cuda_graph", False):
+        args.disable_prefill_cuda_graph = True
+        logging.getLogger(__name__).info(
+            "[edgeacc] --edge-acc-sm-partition %s: prefill CUDA graphs off (green contexts confine only work "
+            "launched on their streams; a graph keeps the SMs of the stream it was captured on)",
+            flags.edge_acc_sm_partition,
+        )
+
+
 def prepare_edge_acc_launch(flags: EdgeAccFlags, args: argparse.Namespace) -> None:
     """Launcher side of an accepted EdgeAcc launch: environment every child inherits.
 

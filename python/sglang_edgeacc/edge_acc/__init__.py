@@ -11,6 +11,8 @@
   least-priority top) the adaptive split runs prefill batches on.
 * ``adaptive_split``: the policy that picks a partition per prefill batch from the decode
   side's step times, its load and the SLOs (standard library only).
+* ``disjoint_green``: two green contexts on disjoint SMs from one driver split (a co-partition
+  that confines decode too; measured in the issue-7 benchmark, not used by the server).
 * ``mps`` / ``mps_cli``: the MPS control daemon's lifecycle (``sglang-edgeacc mps``).
 
 None of these modules imports sglang, so they run from the repository with ``PYTHONPATH=python``.

@@ -21,8 +21,12 @@ One row per module of ``PATCH_MODULES`` (a test checks that every row exists).
   the record validates the flags (``launch_validation``), attaches an
   ``EdgeAccFlags`` as the non-field attribute ``_edge_acc`` (carried to every
   child by sglang's pickling) and, with ``--enable-edge-acc``, prepares the
-  launch environment. Removable when upstream lets a plugin declare extra
-  server arguments and validate them.
+  launch environment. Before upstream builds the record, with
+  ``--edge-acc-sm-partition green-context|adaptive`` on CUDA, it sets
+  ``disable_prefill_cuda_graph`` (an explicit prefill graph backend is refused):
+  a CUDA graph keeps the SMs of the stream it was captured on, so upstream's
+  prefill graphs would escape the prefill side's green context. Removable when
+  upstream lets a plugin declare extra server arguments and validate them.
 * ``cpu_platform`` — target: the module constants ``forward_batch_info._is_cpu``
   and ``parallel_state._is_cpu``, ``dp_attention.memcpy`` (REPLACE) and
   ``TorchNativeAttnBackend``; installed only with ``SGLANG_PLATFORM=edgeacc_cpu``.

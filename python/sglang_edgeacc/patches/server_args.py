@@ -4,7 +4,9 @@ Targets ``ServerArgs.add_cli_args`` (AROUND: adds our argument group, so
 ``python -m sglang.launch_server --help`` lists the flags and both
 ``launch_server`` and ``sglang serve`` parse them) and
 ``ServerArgs.from_cli_args`` (AROUND: attaches an :class:`EdgeAccFlags` to the
-record and refuses combinations EdgeAcc cannot honour before anything loads).
+record and refuses combinations EdgeAcc cannot honour before anything loads;
+before the original runs, it turns prefill CUDA graphs off where green contexts
+confine the prefill side, because a graph keeps the SMs of its capture stream).
 """
 
 from __future__ import annotations
@@ -12,7 +14,11 @@ from __future__ import annotations
 import logging
 
 from sglang_edgeacc import flags as edge_flags
-from sglang_edgeacc.launch_validation import prepare_edge_acc_launch, validate_launch
+from sglang_edgeacc.launch_validation import (
+    keep_prefill_graphs_inside_green_contexts,
+    prepare_edge_acc_launch,
+    validate_launch,
+)
 from sglang_edgeacc.patches._base import Patch, Target
 
 logger = logging.getLogger(__name__)
@@ -27,8 +33,9 @@ def _around_add_cli_args(original, parser):
 
 
 def _around_from_cli_args(original, cls, args):
-    server_args = original(cls, args)
     parsed = edge_flags.EdgeAccFlags.from_namespace(args)
+    keep_prefill_graphs_inside_green_contexts(parsed, args)  # must precede upstream's graph-config resolution
+    server_args = original(cls, args)
     validate_launch(parsed, args)
     edge_flags.attach_flags(server_args, parsed)
     if parsed.enable_edge_acc:
