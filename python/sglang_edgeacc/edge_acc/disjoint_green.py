@@ -134,9 +134,8 @@ def disjoint_green_streams(
     """
     if not torch.cuda.is_available():
         raise SmPartitionError("co-partition: needs CUDA")
-    torch.cuda.init()
-    torch.cuda.set_device(device_index)
-    torch.cuda.current_stream(device_index)  # makes torch's primary context current on this thread
+    # The green contexts retain the device's primary context; make sure torch created it.
+    torch.zeros(1, device=torch.device("cuda", device_index))
     lib = _libcuda()
     device = ctypes.c_int()
     _check(lib.cuDeviceGet(ctypes.byref(device), device_index), "cuDeviceGet")
