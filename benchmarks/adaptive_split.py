@@ -18,6 +18,10 @@ One GPU, the Qwen3-shaped model of ``latency_physics.py`` (random weights), deco
                      when ITL allows)
   green-L-hp-paceMS  --paced-fixed L:MS: the fixed split L with the decode thread starting a
                      step no sooner than MS after the previous one started (run 5)
+  co-dD[-hp]         --co-decode-sms: a co-partition, decode's graph on a D-SM green context and
+                     prefill on the other SMs (edge_acc.disjoint_green; run 7)
+  --graphed-prefill  the split arms replay their prefill pieces from CUDA graphs captured on each
+                     partition's own stream, as the chunked-C-graphed arms do (runs 8-9)
   2proc-S[-hp]       --two-process-arms: EdgeAcc's form, a second process prefills on S (an SM
                      count, all-lowprio, or all) while this one decodes; start an MPS daemon
                      first (benchmarks/adaptive_split_h200.sh) so that both are unlimited MPS
@@ -139,6 +143,7 @@ class Partitions:
         self.whole_gpu_top = whole_gpu_top
         self.co: dict[int, object] = {}  # partition index -> DisjointGreenStreams
         self.co_runners: dict[tuple[int, int], DecodeRunner] = {}  # (partition index, batch) -> runner
+        self.prefill_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (partition, past) -> graph
         if device.type == "cuda":
             self.green = GreenContextPartitions(sm_counts, device.index or 0, whole_gpu_top=whole_gpu_top)
             self.sm_counts = self.green.sm_counts
@@ -174,7 +179,6 @@ class Partitions:
     def add_prefill_graphs(self, fwd, pk, pv, prompt: torch.Tensor, piece: int) -> None:
         """``--graphed-prefill``: every piece position captured on every partition's own stream (a graph
         keeps the SMs of the stream it was captured on: run 7), one memory pool for all."""
-        self.prefill_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         pool = None
         for i in range(len(self)):
             stream = self.prefill_stream(i)
@@ -191,7 +195,7 @@ class Partitions:
                     self.prefill_graphs[(i, past)] = g
 
     def run_piece(self, index: int, fwd, pk, pv, prompt: torch.Tensor, past: int, n: int) -> None:
-        graph = getattr(self, "prefill_graphs", {}).get((index, past))
+        graph = self.prefill_graphs.get((index, past))
         with self.stream_ctx(index):
             if graph is not None:
                 graph.replay()
