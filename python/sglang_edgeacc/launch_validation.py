@@ -95,16 +95,13 @@ GREEN_CONTEXT_PARTITIONS = ("green-context", "adaptive")
 
 
 def _prefill_graph_backend_asked(args: argparse.Namespace) -> Optional[str]:
-    """The prefill CUDA graph backend the user chose, by flag or in --cuda-graph-config; None if left default."""
-    import json
+    """The prefill CUDA graph backend the user chose, by flag or in --cuda-graph-config; None if left default.
 
+    Upstream's argparse type (``parse_cuda_graph_config_arg``) has already turned
+    ``--cuda-graph-config`` into a dict of phase settings.
+    """
     chosen = getattr(args, "cuda_graph_backend_prefill", None)
     raw = getattr(args, "cuda_graph_config", None)
-    if isinstance(raw, str) and raw.strip().startswith("{"):
-        try:
-            raw = json.loads(raw)
-        except ValueError:
-            raw = None  # upstream's own parser reports a malformed config
     if isinstance(raw, dict) and isinstance(raw.get("prefill"), dict) and raw["prefill"].get("backend"):
         chosen = raw["prefill"]["backend"]
     return None if chosen is None else str(chosen)

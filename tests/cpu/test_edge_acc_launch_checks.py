@@ -101,3 +101,7 @@ def test_green_context_splits_turn_prefill_graphs_off_and_refuse_an_explicit_one
     assert "ACCEPTED" not in refused.stdout
     assert "--cuda-graph-backend-prefill breakable" in refused.stderr
     assert "--cuda-graph-backend-prefill disabled" in refused.stderr
+    in_config = _parse_printing(["--enable-edge-acc", "--edge-acc-sm-partition", "adaptive",
+                                 "--cuda-graph-config", '{"prefill": {"backend": "breakable"}}'], tmp_path)
+    assert in_config.returncode != 0
+    assert "--cuda-graph-backend-prefill breakable" in in_config.stderr
