@@ -5,7 +5,8 @@ One GPU, the Qwen3-shaped model of ``latency_physics.py`` (random weights), deco
 
   decode-only        reference
   chunked-C          one stream, one C-token chunk between two decode steps (latency_physics's
-  chunked-C-graphed  run_single_process, imported, not copied)
+  chunked-C-graphed  run_single_process, imported, not copied); -packed: every chunk full,
+                     from the next prompt when one ends (--packed-chunks)
   green-N[-hp]       fixed split: prefill on a green-context stream of N SMs, decode on an
                      ordinary stream over the whole GPU, concurrently (two host threads of one
                      process); -hp: the decode stream at the greatest priority
@@ -231,6 +232,7 @@ def run_concurrent(
     itl_target_ms: Optional[float] = None,
     queue_before_choose: bool = False,
     decode_pace_ms: Callable[[], float] = lambda: 0.0,
+    pace_from: str = "start",
     initial_index: int = 0,
 ) -> tuple[list[PhaseResult], list[tuple[float, int]]]:
     """Decode in a thread, prefill pieces here; returns per-phase results and the (t, partition) trace.
@@ -245,7 +247,13 @@ def run_concurrent(
     sooner than that many ms after the previous one started (the decode side pacing its
     steps so the prefill side gets the GPU in between). The policy is sent step
     durations; the ITL logged is the time between step completions, the wait included.
+    ``pace_from="end"``: the step starts so that, if it lasts as long as the recent
+    steps did (a moving average), it ends the pace after the previous one ended. A
+    start-paced ITL is pace + d_k - d_{k-1}; this one is pace + d_k - mean(d), half the
+    variance of the step-to-step difference (run 10).
     """
+    if pace_from not in ("start", "end"):
+        raise ValueError(f"pace_from must be 'start' or 'end', got {pace_from!r}")
     if load_change_at not in ("time", "piece"):
         raise ValueError(f"load_change_at must be 'time' or 'piece', got {load_change_at!r}")
     device = prompt.device
@@ -308,10 +316,15 @@ def run_concurrent(
                 time.sleep(0.0005)
             t0 = t0_box[0]
             last = last_start = time.perf_counter()
+            mean_step = None  # seconds, moving average of the step durations
             while not stop.is_set():
                 pace = decode_pace_ms()
                 if pace > 0:
-                    delay = last_start + pace / 1e3 - time.perf_counter()
+                    if pace_from == "end" and mean_step is not None:
+                        due = last + pace / 1e3 - mean_step
+                    else:
+                        due = last_start + pace / 1e3
+                    delay = due - time.perf_counter()
                     if delay > 0:
                         time.sleep(delay)
                 batch = bounds[phase_at(last - t0)][2].decode_batch if load_change_at == "time" else batch_box[0]
@@ -319,6 +332,7 @@ def run_concurrent(
                 decode_step(batch)
                 now = time.perf_counter()
                 decode_log.append((now - t0, (now - last) * 1e3))
+                mean_step = (now - start) if mean_step is None else 0.9 * mean_step + 0.1 * (now - start)
                 mailbox.append(((now - start) * 1e3, batch))
                 last, last_start = now, start
 
@@ -404,6 +418,15 @@ def run_concurrent(
     for i, (a, b, ph) in enumerate(bounds):
         itl = [ms for t, ms in decode_log if a <= t < b]
         toks = sum(n for t, _, n, _ in pieces if a <= t < b)
+        ends = [(t, n) for t, _, n, _ in pieces if a <= t < b]
+        if ph.prompts_per_s is None and len(ends) >= 2:
+            # Pieces back to back: the rate over whole pieces, from the first one's end to the
+            # last one's, as the chunked arms count whole cycles. Counting the pieces that end
+            # inside the window instead is off by up to one piece either way (2048 tokens in
+            # 5 s is 2 %), enough to move a point across chunked prefill's steep top (run 11).
+            rate = sum(n for _, n in ends[1:]) / (ends[-1][0] - ends[0][0])
+        else:
+            rate = toks / ph.seconds
         sms = [parts.sm_counts[p] * ms for t, ms, _, p in pieces if a <= t < b]
         busy = sum(ms for t, ms, _, _ in pieces if a <= t < b)
         tt = [ms for arr, ms in ttfts if a <= arr < b]
@@ -416,7 +439,7 @@ def run_concurrent(
                 decode_steps=len(itl),
                 decode_p50_ms=round(percentile(itl, 50), 3) if itl else float("nan"),
                 decode_p99_ms=round(percentile(itl, 99), 3) if itl else float("nan"),
-                prefill_tok_s=round(toks / ph.seconds, 1),
+                prefill_tok_s=round(rate, 1),
                 prompts_done=len(tt),
                 ttft_p90_ms=round(percentile(tt, 90), 1) if tt else None,
                 prompts_waiting_at_end=sum(1 for arr in list(queue) + list(arrivals) if arr < b)
@@ -546,9 +569,15 @@ def run_two_process(
     return summarize(arm, itl, tokens, elapsed, tokens // args.prompt_len, note)
 
 
+def tuned_frontier(curve: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The (tok/s, P99) points no other chunk size beats on both (a tuned deployment picks among these)."""
+    return sorted(p for p in curve if not any(q != p and q[0] >= p[0] and q[1] <= p[1] for q in curve))
+
+
 def interp_p99(curve: list[tuple[float, float]], tok_s: float) -> Optional[float]:
-    """Chunked prefill's P99 at ``tok_s`` by linear interpolation over its (tok/s, P99) points."""
-    pts = sorted(curve)
+    """Tuned chunked prefill's P99 at ``tok_s``: linear interpolation along :func:`tuned_frontier`
+    (as if every chunk size between two measured ones were available; run 11)."""
+    pts = tuned_frontier(curve)
     if not pts or tok_s < pts[0][0] or tok_s > pts[-1][0]:
         return None
     for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
@@ -557,20 +586,49 @@ def interp_p99(curve: list[tuple[float, float]], tok_s: float) -> Optional[float
     return pts[-1][1]
 
 
-def prefill_only_tok_s(fwd, pk, pv, prompt, piece: int, stream: Optional[torch.cuda.Stream], seconds: float = 1.5) -> float:
-    """Prefill pieces back to back on ``stream`` (None: the current one), nothing else running."""
-    length, tokens, past = prompt.shape[0], 0, 0
-    ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
-    with torch.inference_mode(), ctx:
-        fwd.prefill(prompt[:piece], pk, pv, slot0=0, past_len=0)
-        torch.cuda.synchronize()
+def prefill_alone_tok_s(run_piece: Callable[[int, int], None], wait: Callable[[], None], length: int, piece: int,
+                        seconds: float = 1.5) -> float:
+    """Prefill pieces back to back, nothing else running; ``run_piece(past, n)`` launches one."""
+    tokens, past = 0, 0
+    with torch.inference_mode():
+        run_piece(0, min(piece, length))  # warm-up
+        wait()
         start = time.perf_counter()
         while time.perf_counter() - start < seconds:
             n = min(piece, length - past)
-            fwd.prefill(prompt[past : past + n], pk, pv, slot0=0, past_len=past)
-            torch.cuda.current_stream().synchronize()
+            run_piece(past, n)
+            wait()
             tokens, past = tokens + n, (past + n) % length
-        return round(tokens / (time.perf_counter() - start), 1)
+    return round(tokens / (time.perf_counter() - start), 1)
+
+
+def partition_prefill_alone_tok_s(parts: Partitions, index: int, fwd, pk, pv, prompt: torch.Tensor, piece: int,
+                                  seconds: float = 1.5) -> float:
+    """On one partition, as the split arms run their pieces (graphed when captured)."""
+    return prefill_alone_tok_s(lambda past, n: parts.run_piece(index, fwd, pk, pv, prompt, past, n),
+                               lambda: parts.wait(index), prompt.shape[0], piece, seconds)
+
+
+def whole_gpu_prefill_alone_tok_s(fwd, pk, pv, prompt: torch.Tensor, piece: int, seconds: float = 1.5) -> float:
+    """Eager on the current stream."""
+    return prefill_alone_tok_s(lambda past, n: fwd.prefill(prompt[past : past + n], pk, pv, slot0=0, past_len=past),
+                               torch.cuda.synchronize, prompt.shape[0], piece, seconds)
+
+
+def overlap_cost(arm_tok_s: float, steps_per_s: float, alone_tok_s: float, decode_alone_ms: float) -> dict:
+    """What one decode step costs the prefill side in a split arm, and the ratio ceiling that implies.
+
+    Per second the split gives prefill ``arm_tok_s`` of the ``alone_tok_s`` it makes alone, so
+    the decode steps cost it ``1 - arm/alone`` of the second; per step that is ``d_eff``.
+    Chunked prefill pays the whole step (``decode_alone_ms``) for every decode step, so at
+    equal prefill throughput near saturation a split's ITL is at best ``d_eff / decode_alone``
+    of chunked prefill's, before the tails of either (docs/benchmarks.md, run 10).
+    """
+    if steps_per_s <= 0 or alone_tok_s <= 0:
+        return {"decode_cost_ms": None, "ratio_ceiling": None}
+    d_eff = max(0.0, 1.0 - arm_tok_s / alone_tok_s) / steps_per_s * 1e3
+    return {"decode_cost_ms": round(d_eff, 2),
+            "ratio_ceiling": round(decode_alone_ms / d_eff, 2) if d_eff > 0 else None}
 
 
 def co_partition_probes(parts: Partitions, fwd, runner: DecodeRunner, pk, pv, prompt, piece: int, batch: int) -> list[dict]:
@@ -578,7 +636,7 @@ def co_partition_probes(parts: Partitions, fwd, runner: DecodeRunner, pk, pv, pr
     the graph was captured on), and what does prefill make on the remainder?"""
     if not parts.co:
         return []
-    whole = prefill_only_tok_s(fwd, pk, pv, prompt, piece, None)
+    whole = whole_gpu_prefill_alone_tok_s(fwd, pk, pv, prompt, piece)
     rows = []
     for i, pair in parts.co.items():
         with torch.cuda.stream(pair.group.stream):
@@ -591,7 +649,7 @@ def co_partition_probes(parts: Partitions, fwd, runner: DecodeRunner, pk, pv, pr
             "decode_only_p50_ms": own.decode_p50_ms,
             "decode_only_p99_ms": own.decode_p99_ms,
             "decode_only_p50_ms_foreign_graph": foreign.decode_p50_ms,
-            "prefill_only_tok_s": prefill_only_tok_s(fwd, pk, pv, prompt, piece, pair.remainder.stream),
+            "prefill_only_tok_s": partition_prefill_alone_tok_s(parts, i, fwd, pk, pv, prompt, piece),
             "whole_gpu_prefill_tok_s": whole,
         })
         logger.info("co-partition probe %s", rows[-1])
@@ -613,6 +671,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--piece", type=int, default=2048, help="prefill piece the split is chosen for")
     ap.add_argument("--chunks", default="256,512,1024,2048")
     ap.add_argument("--graphed-chunks", action="store_true", help="also chunked arms replayed from CUDA graphs")
+    ap.add_argument("--packed-chunks", action="store_true",
+                    help="chunked arms fill every chunk, from the next prompt when one ends (SGLang's chunked prefill "
+                         "under a backlog); matters only for chunks that do not divide --prompt-len (run 11)")
     ap.add_argument("--graphed-only", action="store_true", help="only the graphed chunked arms (saves device time)")
     ap.add_argument("--sm-counts", default="", help="prefill partitions (default: 5 from 1/4 to 7/8 of the SMs)")
     ap.add_argument("--whole-gpu-top", action="store_true",
@@ -644,8 +705,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--queue-before-choose", action="store_true",
                     help="report the queue to the policy before each choice, as the server does (run 4)")
     ap.add_argument("--paced-fixed", default="",
-                    help="steady fixed splits with the decode side pacing its steps: comma list of LABEL:MS "
-                         "(e.g. all-lowprio:75), a step starting MS after the previous one started")
+                    help="steady fixed splits with the decode side pacing its steps: comma list of LABEL:MS[:end] "
+                         "(e.g. all-lowprio:75), a step starting MS after the previous one started (:end: timed so "
+                         "that it ends MS after the previous one ended, by the mean step time)")
+    ap.add_argument("--overlap-cost", action="store_true",
+                    help="also measure each fixed split's prefill alone on its partition and report what a decode "
+                         "step costs the prefill side there, and the ceiling that puts on the ratio (run 10)")
     ap.add_argument("--co-decode-sms", default="",
                     help="co-partitions (label co-dD) after the others: decode confined to D SMs, prefill to the "
                          "rest, disjoint green contexts from one split; each also gets a decode-only and a "
@@ -738,7 +803,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         modes = (False, True) if (args.graphed_chunks and device.type == "cuda") else (False,)
         for graphed in (True,) if args.graphed_only and device.type == "cuda" else modes:
             for c in [int(x) for x in args.chunks.split(",") if x]:
-                r = run_single_process(fwd, runners[b], pk, pv, prompt, c, args.seconds, graphed=graphed)
+                r = run_single_process(fwd, runners[b], pk, pv, prompt, c, args.seconds, graphed=graphed,
+                                       packed=args.packed_chunks)
                 steady.append(r)
                 chunked.append(r)
                 logger.info("%s", r)
@@ -758,17 +824,26 @@ def main(argv: Optional[list[str]] = None) -> int:
             if prio == policy_prio:
                 steady_by_label[label] = res[0]
             logger.info("%s", res[0])
+    arm_partition: dict[str, int] = {arm.arm: parts.labels.index(arm.arm[len("green-"):].removesuffix("-hp"))
+                                     for arm in fixed_steady} if parts is not None else {}
     for spec in [x for x in args.paced_fixed.split(",") if x] if parts is not None else []:
-        label, _, pace = spec.partition(":")
-        if label not in parts.labels or not pace:
-            raise SystemExit(f"--paced-fixed {spec!r}: want LABEL:MS with LABEL one of {parts.labels}")
+        label, pace, pace_from = (spec.split(":") + [""] * 3)[:3]
+        if label not in parts.labels or not pace or pace_from not in ("", "start", "end"):
+            raise SystemExit(f"--paced-fixed {spec!r}: want LABEL:MS[:end] with LABEL one of {parts.labels}")
         i = parts.labels.index(label)
-        arm = f"green-{label}{suffix[policy_prio]}-pace{pace}"
+        arm = f"green-{label}{suffix[policy_prio]}-pace{'end' if pace_from == 'end' else ''}{pace}"
         res, _ = run_concurrent(arm, fwd, runners, pk, pv, prompt, parts, sat, args.piece, lambda i=i: i, initial_index=i,
-                                decode_priority=policy_prio, decode_pace_ms=lambda p=float(pace): p)
+                                decode_priority=policy_prio, decode_pace_ms=lambda p=float(pace): p,
+                                pace_from=pace_from or "start")
+        arm_partition[arm] = i
         fixed_steady.append(res[0])
         steady.append(to_arm(res[0]))
         logger.info("%s", res[0])
+    prefill_alone: dict[int, float] = {}
+    if args.overlap_cost and parts is not None:
+        for i in sorted(set(arm_partition.values())):
+            prefill_alone[i] = partition_prefill_alone_tok_s(parts, i, fwd, pk, pv, prompt, args.piece, args.seconds / 2)
+            logger.info("prefill alone on %s: %.0f tok/s", parts.labels[i], prefill_alone[i])
     adaptive_steady = []
     traces = {}
     for f in [float(x) for x in args.adaptive_itl_factors.split(",") if x] if not args.skip_adaptive_steady else []:
@@ -867,6 +942,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             ref = interp_p99(cv, r.prefill_tok_s)
             row[f"chunked_{name}_p99_at_equal_tok_s"] = None if ref is None else round(ref, 2)
             row[f"ratio_{name}"] = None if ref is None else round(ref / r.decode_p99_ms, 2)
+        i = arm_partition.get(r.arm)
+        if i in prefill_alone:
+            row["prefill_alone_tok_s"] = prefill_alone[i]
+            row.update(overlap_cost(r.prefill_tok_s, r.decode_steps / args.seconds, prefill_alone[i], base.decode_p50_ms))
         vs.append(row)
     verdict = []
     for arm in sorted({p.arm for p in phased}, key=lambda a: (a != "adaptive", a)):
@@ -892,6 +971,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "decode_priority": args.decode_priority,
         "whole_gpu_top": args.whole_gpu_top,
         "graphed_prefill": args.graphed_prefill,
+        "overlap_cost": args.overlap_cost,
         "mps_pipe_directory": os.environ.get("CUDA_MPS_PIPE_DIRECTORY", ""),
         "seconds_per_arm": args.seconds,
         "phase_seconds": args.phase_seconds,
@@ -914,11 +994,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         steps_s = r.decode_steps / args.seconds  # every steady arm runs --seconds
         lines.append(f"| {r.arm} | {r.decode_p50_ms:.2f} | {r.decode_p99_ms:.2f} | {steps_s:.1f} | {r.prefill_tok_s:.0f} "
                      f"| {r.prompts_done} | {r.note} |")
-    lines += ["", "| arm | tok/s | P99 ms | chunked eager P99 at equal tok/s | ratio | chunked graphed P99 | ratio |", "|---|---:|---:|---:|---:|---:|---:|"]
+    lines += ["", "| arm | tok/s | P99 ms | chunked eager P99 at equal tok/s | ratio | chunked graphed P99 | ratio "
+              "| prefill alone tok/s | decode step's cost to prefill ms | ratio ceiling |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for v in vs:
         lines.append(
             f"| {v['arm']} | {v['tok_s']:.0f} | {v['p99']:.2f} | {v['chunked_eager_p99_at_equal_tok_s']} | {v['ratio_eager']} | "
-            f"{v['chunked_graphed_p99_at_equal_tok_s']} | {v['ratio_graphed']} |"
+            f"{v['chunked_graphed_p99_at_equal_tok_s']} | {v['ratio_graphed']} | {v.get('prefill_alone_tok_s', '')} "
+            f"| {v.get('decode_cost_ms', '')} | {v.get('ratio_ceiling', '')} |"
         )
     lines += [
         "",

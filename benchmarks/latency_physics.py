@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import multiprocessing as mp
 import os
 import pickle
@@ -163,23 +164,45 @@ def run_decode_only(decode: DecodeRunner, seconds: float) -> ArmResult:
     return summarize("decode-only", timed_decode_steps(decode, seconds), 0, seconds, 0)
 
 
-def capture_prefill_graphs(fwd: Qwen3Forward, pk, pv, prompt: torch.Tensor, step: int, device) -> dict:
-    """One CUDA graph per chunk position (they share one memory pool: they never run at once)."""
-    length = prompt.shape[0]
-    pasts = list(range(0, length, step))
+def chunk_cycles(length: int, chunk: Optional[int], packed: bool = False) -> list[list[tuple[int, int]]]:
+    """The prefill pieces ``(past, n)`` run between two decode steps, cycle by cycle, until they repeat.
+
+    Unpacked: one prompt cut into ``chunk``-token chunks, the last one short when ``chunk``
+    does not divide the prompt. Packed: prompts back to back and every chunk full, the
+    rest of a chunk taken from the next prompt, as SGLang's chunked prefill fills its
+    token budget from the waiting requests when prompts keep arriving.
+    """
+    step = length if chunk is None else chunk
+    if not packed or length % step == 0:
+        return [[(past, min(step, length - past))] for past in range(0, length, step)]
+    cycles, past = [], 0
+    for _ in range(math.lcm(length, step) // step):
+        cycle, want = [], step
+        while want:
+            n = min(want, length - past)
+            cycle.append((past, n))
+            want -= n
+            past = (past + n) % length
+        cycles.append(cycle)
+    return cycles
+
+
+def capture_prefill_graphs(fwd: Qwen3Forward, pk, pv, prompt: torch.Tensor, pieces, device) -> dict:
+    """One CUDA graph per distinct piece ``(past, n)`` (one memory pool: they never run at once)."""
+    pieces = sorted(set(pieces))
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
-        for past in pasts:
-            fwd.prefill(prompt[past : past + step], pk, pv, slot0=0, past_len=past)
+        for past, n in pieces:
+            fwd.prefill(prompt[past : past + n], pk, pv, slot0=0, past_len=past)
     torch.cuda.current_stream(device).wait_stream(side)
     graphs, pool = {}, None
-    for past in pasts:
+    for past, n in pieces:
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, pool=pool):
-            fwd.prefill(prompt[past : past + step], pk, pv, slot0=0, past_len=past)
+            fwd.prefill(prompt[past : past + n], pk, pv, slot0=0, past_len=past)
         pool = g.pool()
-        graphs[past] = g
+        graphs[(past, n)] = g
     return graphs
 
 
@@ -192,38 +215,42 @@ def run_single_process(
     chunk: Optional[int],
     seconds: float,
     graphed: bool = False,
+    packed: bool = False,
 ) -> ArmResult:
+    """Prefill and decode in turn on one stream: a cycle's pieces (:func:`chunk_cycles`), then a decode step."""
     length = prompt.shape[0]
-    step = length if chunk is None else chunk
-    graphs = capture_prefill_graphs(fwd, pk, pv, prompt, step, decode.device) if graphed else {}
+    cycles = chunk_cycles(length, chunk, packed)
+    graphs = capture_prefill_graphs(fwd, pk, pv, prompt, [p for c in cycles for p in c], decode.device) if graphed else {}
 
-    def one_cycle_of_prefill(past: int) -> int:
-        n = min(step, length - past)
-        if graphed:
-            graphs[past].replay()
-        else:
-            fwd.prefill(prompt[past : past + n], pk, pv, slot0=0, past_len=past)
-        return n
+    def one_cycle_of_prefill(k: int) -> tuple[int, int]:
+        """Runs cycle ``k``; returns its tokens and the prompts it finished."""
+        tokens = finished = 0
+        for past, n in cycles[k % len(cycles)]:
+            if graphed:
+                graphs[(past, n)].replay()
+            else:
+                fwd.prefill(prompt[past : past + n], pk, pv, slot0=0, past_len=past)
+            tokens += n
+            finished += past + n == length
+        return tokens, finished
 
-    # Warm up: one whole prompt in this arm's pieces, with decode steps between.
-    past = 0
-    while past < length:
-        past += one_cycle_of_prefill(past)
+    # Warm up: every cycle once, with decode steps between.
+    for k in range(len(cycles)):
+        one_cycle_of_prefill(k)
         decode.step()
-    itl, tokens, prompts, past = [], 0, 0, 0
+    itl, tokens, prompts, k = [], 0, 0, 0
     start = last = time.perf_counter()
     end = start + seconds
     while last < end:
-        n = one_cycle_of_prefill(past)
-        tokens += n
-        past += n
-        if past == length:
-            past, prompts = 0, prompts + 1
+        n, done = one_cycle_of_prefill(k)
+        tokens, prompts, k = tokens + n, prompts + done, k + 1
         decode.step()
         now = time.perf_counter()
         itl.append(now - last)
         last = now
-    arm = ("whole" if chunk is None else f"chunked-{chunk}") + ("-graphed" if graphed else "")
+    spans_prompts = any(len(c) > 1 for c in cycles)  # only then does packing change anything
+    arm = ("whole" if chunk is None else f"chunked-{chunk}") + ("-packed" if spans_prompts else "")
+    arm += "-graphed" if graphed else ""
     note = "prefill chunks replayed from CUDA graphs (no launch overhead)" if graphed else ""
     graphs.clear()  # free the graphs (and their pool) before the next arm
     return summarize(arm, itl, tokens, last - start, prompts, note)
