@@ -5,6 +5,8 @@ The partitions are a stand-in (green contexts need a GPU); the policy and the me
 
 from __future__ import annotations
 
+from gloo_ranks import run_ranks
+
 from sglang_edgeacc.edge_acc.adaptive_split import AdaptiveSplitConfig, AdaptiveSplitPolicy
 from sglang_edgeacc.edge_acc_server.adaptive import AdaptiveSplit
 from sglang_edgeacc.edge_acc_server.messages import PrefillWork
@@ -82,3 +84,25 @@ def test_a_backlog_in_the_message_drains_on_the_largest_split_predicted_within_t
     # (26.8 ms predicted; 23.2 ms real); the batch-32 message keeps 72, bounded by batch 64.
     assert new[:3] == ["stream-0", "stream-1", "stream-2"]
     assert set(new[2:]) == {"stream-2"}
+
+
+def _group_rank(rank: int) -> tuple[list, int]:
+    import torch.distributed as dist
+
+    split = _split()
+    split.group = dist.group.WORLD
+    # The ranks' decode sides report different steps: apart, the ranks would choose apart.
+    streams = []
+    for _ in range(6):
+        work = _work([15.0 + 20 * rank] * 8, 0)
+        streams.append(split.stream_for(work))
+        split.observe(work, forward_ms=150.0, tokens=2048)
+    return streams, len(split.policy.history)
+
+
+def test_the_ranks_of_a_group_run_the_partition_its_first_rank_chose():
+    results = run_ranks(_group_rank, 2)
+    (leader, decided), (follower, asked) = results[0], results[1]
+    assert follower == leader
+    assert leader[-1] == "stream-4"  # grew on its headroom, as in the test above
+    assert decided > 0 and asked == 0  # the follower's policy was never asked

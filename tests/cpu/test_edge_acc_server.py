@@ -121,6 +121,19 @@ def test_edge_acc_matches_upstream(cpu_servers, launch):
     assert f"[edgeacc decode tp0] decode loop, overlap schedule {'on' if overlap else 'off'}" in log
 
 
+def test_edge_acc_adaptive_split_matches_upstream(cpu_servers):
+    """The decode side measures its steps and sends its load with every batch (chunked
+    prompts included); on a platform without SMs the prefill side says it runs unconfined."""
+    args = ("--chunked-prefill-size", "128")
+    expected = _outputs(cpu_servers.get(*args))
+    cpu_servers.release(*args)
+    edge = cpu_servers.get(*args, "--enable-edge-acc", "--edge-acc-sm-partition", "adaptive",
+                           "--edge-acc-itl-slo-ms", "40", "--edge-acc-ttft-slo-ms", "3000")
+    assert _outputs(edge) == expected
+    log = edge.log_tail(10**7)
+    assert "--edge-acc-sm-partition adaptive: the cpu platform has no SMs to partition; running unconfined" in log
+
+
 def _lone_then_burst(server) -> dict:
     lone = server.generate("only one request, so one DP group stays idle", max_new_tokens=8)
     with cf.ThreadPoolExecutor(8) as pool:

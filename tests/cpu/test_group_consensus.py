@@ -1,32 +1,26 @@
-"""The EdgeAcc group decision over real gloo process groups."""
+"""The EdgeAcc group decisions over real gloo process groups."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
-import socket
 
 import pytest
+from gloo_ranks import free_port, run_ranks
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _rank_main(rank: int, world: int, port: int, flags: list, out) -> None:
+def _two_subgroups(rank: int):
+    """Two disjoint subgroups, as two attention-TP groups of a DP-attention launch; this rank's."""
     import torch.distributed as dist
 
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    return groups[rank // 2]
+
+
+def _agree(rank: int, flags: list) -> list:
     from sglang_edgeacc.edge_acc_server.group_consensus import all_ranks_agree
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    # Two disjoint subgroups, as two attention-TP groups of a DP-attention launch.
-    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
-    mine = groups[rank // 2]
-    out.put((rank, [all_ranks_agree(f, mine) for f in flags[rank]]))
-    dist.destroy_process_group()
+    mine = _two_subgroups(rank)
+    return [all_ranks_agree(f, mine) for f in flags[rank]]
 
 
 def test_each_subgroup_agrees_on_its_own_slowest_rank():
@@ -36,18 +30,22 @@ def test_each_subgroup_agrees_on_its_own_slowest_rank():
         [False, True, True],   # group 1, rank 2
         [False, True, True],   # group 1, rank 3
     ]
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, 4, port, flags, out)) for r in range(4)]
-    for p in procs:
-        p.start()
-    results = dict(out.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    results = run_ranks(_agree, 4, flags)
     assert results[0] == results[1] == [True, False, False]
     assert results[2] == results[3] == [False, True, True]
+
+
+def _lead(rank: int, values: list) -> tuple:
+    from sglang_edgeacc.edge_acc_server.group_consensus import is_group_leader, leader_decides
+
+    mine = _two_subgroups(rank)
+    return is_group_leader(mine), [leader_decides(v, mine) for v in values[rank]]
+
+
+def test_each_subgroup_runs_the_partition_its_first_rank_chose():
+    results = run_ranks(_lead, 4, [[3, 0, 6], [1, 2, 2], [5, 5, 0], [4, 1, 1]])
+    assert results[0] == (True, [3, 0, 6]) and results[1] == (False, [3, 0, 6])
+    assert results[2] == (True, [5, 5, 0]) and results[3] == (False, [5, 5, 0])
 
 
 def test_a_single_rank_group_decides_alone():
@@ -57,10 +55,11 @@ def test_a_single_rank_group_decides_alone():
 
     if dist.is_initialized():
         pytest.skip("a process group already exists in this process")
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         assert all_ranks_agree(True, dist.group.WORLD) is True
         assert all_ranks_agree(False, dist.group.WORLD) is False
     finally:
         dist.destroy_process_group()
+

@@ -121,3 +121,11 @@ def test_the_whole_gpu_top_is_unconfined_and_yields_to_a_high_priority_decode_st
     print(f"MATMUL_MS full={full:.2f} all-lowprio={on_top:.2f} 112={on_112:.2f}")
     assert on_top < 1.1 * full  # not confined
     assert on_top < on_112
+
+
+def test_a_torch_with_green_contexts_starts_the_adaptive_prefill_side_without_a_cap():
+    from sglang_edgeacc.edge_acc.sm_partition import child_env, green_contexts_available
+
+    assert green_contexts_available()
+    # The fixed MPS split is only the fallback where torch lacks green contexts.
+    assert child_env("prefill", 80, "adaptive") == {}

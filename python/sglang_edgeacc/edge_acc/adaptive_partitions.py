@@ -2,8 +2,8 @@
 
 Green-context streams of increasing SM counts, made once per prefill side
 (:class:`GreenContextPartitions`), optionally topped by the whole GPU on a
-least-priority stream; :func:`build_partitions_or_warn` falls back to the fixed split
-where green contexts cannot be made. Which one a batch runs on is
+least-priority stream; :func:`build_partitions_or_warn` says what runs instead where
+green contexts cannot be made. Which one a batch runs on is
 :class:`~sglang_edgeacc.edge_acc.adaptive_split.AdaptiveSplitPolicy`'s decision.
 Only torch and the standard library are imported, so the device can run this from
 the repository without sglang.
@@ -141,32 +141,28 @@ def build_partitions_or_warn(
     sm_counts: Optional[Sequence[int]] = None,
     device_index: int = 0,
     *,
-    fixed_percent: Optional[int] = None,
     tp_rank: int = 0,
     whole_gpu_top: bool = False,
 ) -> Optional[GreenContextPartitions]:
-    """The partitions, or None with a WARNING when green contexts cannot be made here.
+    """The partitions, or None with a WARNING that says what runs instead.
 
-    On None the caller runs the fixed split (``--edge-acc-prefill-sm-percent`` through
-    MPS). The policy can still be run to log what it would have chosen.
+    A process that is an MPS client with a thread percentage cannot make green
+    contexts; it runs that fixed split (the launcher starts the prefill side so
+    when this torch has no green contexts: ``sm_partition.child_env``). Otherwise
+    None means the prefill side runs unconfined.
     """
-    why = None
-    if os.environ.get(MPS_PERCENT_VAR):
-        why = f"this process is an MPS client limited by {MPS_PERCENT_VAR}={os.environ[MPS_PERCENT_VAR]}"
-    else:
-        try:
-            return GreenContextPartitions(sm_counts, device_index, tp_rank=tp_rank, whole_gpu_top=whole_gpu_top)
-        except SmPartitionError as exc:
-            why = str(exc)
-    fixed = f" at {fixed_percent}%" if fixed_percent is not None else ""
-    logger.warning(
-        "[edgeacc prefill tp%d] --edge-acc-sm-partition %s unavailable (%s); falling back to the fixed split%s",
-        tp_rank,
-        ADAPTIVE_MODE,
-        why,
-        fixed,
-    )
-    return None
+    limited = os.environ.get(MPS_PERCENT_VAR)
+    if limited:
+        logger.warning("[edgeacc prefill tp%d] --edge-acc-sm-partition %s unavailable: this process is an MPS "
+                       "client limited by %s=%s; running that fixed split", tp_rank, ADAPTIVE_MODE,
+                       MPS_PERCENT_VAR, limited)
+        return None
+    try:
+        return GreenContextPartitions(sm_counts, device_index, tp_rank=tp_rank, whole_gpu_top=whole_gpu_top)
+    except SmPartitionError as exc:
+        logger.warning("[edgeacc prefill tp%d] --edge-acc-sm-partition %s unavailable (%s); the prefill side "
+                       "runs unconfined", tp_rank, ADAPTIVE_MODE, exc)
+        return None
 
 
 __all__ = [

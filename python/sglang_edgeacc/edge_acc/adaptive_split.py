@@ -21,9 +21,19 @@ The rule, evaluated once per prefill batch in :meth:`AdaptiveSplitPolicy.choose`
 0. Feed-forward (``feed_forward``, default on): when the decode load the batch will
    run next to (:meth:`~AdaptiveSplitPolicy.observe_decode_load`: batch size and total
    context, bucketed by doubling) differs from the previous decision's, pick before any
-   step at the new load. If the current split is predicted to break the ITL SLO at the
-   new load, move down to the largest split predicted within it (the smallest split if
-   nothing is known about a heavier load); if TTFT is over its SLO, move up to the
+   step at the new load. The buckets have hysteresis (``load_bucket_hysteresis``, a quarter
+   doubling by default), a dead band above each power of two ``p``: a load in bucket ``p``
+   moves up only once it is above ``p x 2**0.25``, and one in a heavier bucket moves down
+   once it is at or below ``p``; inside the band (``p``, ``p x 2**0.25``] it keeps the bucket
+   it came from, whichever side that was. (Above ``p`` rather than around it: decode
+   batches sit exactly on powers of two, and 64 stays bucket 64 from either side.) The
+   decode side's total context grows and shrinks with every request: without the band a
+   context hovering at a power of two crossed a bucket edge on every other batch, and each
+   crossing to the heavier side moved the split down and cleared the decode window (a
+   review's run: 114 changes in 200 decisions at about 2**19 tokens; 2 without the
+   context). If the current split is predicted to break the ITL SLO at the new load,
+   move down to the largest split predicted within it (the smallest split if nothing is
+   known about a heavier load); if TTFT is over its SLO, move up to the
    largest split predicted within the SLO's hysteresis band. Predictions are the decode
    P``itl_percentile`` measured in that (load bucket, split) cell; an unmeasured cell is
    carried over from a load where the split was measured, scaled by a split measured at
@@ -67,6 +77,15 @@ The rule, evaluated once per prefill batch in :meth:`AdaptiveSplitPolicy.choose`
    split that breached the ITL SLO waits its back-off in decisions (``min_backoff``,
    doubled per repeated breach up to ``max_backoff``, halved each decision that split
    holds the SLO), so an SLO lying between two partitions does not make the choice flap.
+6. Nothing decoding: with no decode step since the previous decision and either no decode
+   load (never observed, or ``observe_decode_load(0)`` last) or, when a load is known, no new
+   one observed and no step before the previous decision either (the server sends no load
+   with an empty decode batch, and one decision without a step can be a decode step still
+   running), there is no ITL to protect. The decode window is dropped, the
+   ``min_decode_samples`` hold does not apply (no samples would ever come), and TTFT or
+   backlog pressure grows straight to the largest split; ``cooldown_batches`` and ``patience``
+   still hold. A known load is then forgotten (taken as batch 0), so the decode side's return
+   is a load change for rule 0, which drops to a split known safe at it.
 
 The predicted TTFT of the newest queued prompt is (queued + this batch's tokens) x
 the measured milliseconds per token at the current split, which is what a FIFO
@@ -74,8 +93,8 @@ prefill queue would make it wait.
 
 Use on the prefill side::
 
-    parts = build_partitions_or_warn(fixed_percent=flags.edge_acc_prefill_sm_percent, whole_gpu_top=True)
-    if parts is None:                                        # warned: run the fixed (MPS) split
+    parts = build_partitions_or_warn(whole_gpu_top=True)
+    if parts is None:                                        # warned: the fixed (MPS) split, or unconfined
         ...
     policy = AdaptiveSplitPolicy(AdaptiveSplitConfig(itl_slo_ms=30, ttft_slo_ms=2000), len(parts),
                                  sm_counts=parts.sm_counts, total_sms=parts.total_sms,
@@ -91,7 +110,8 @@ Use on the prefill side::
             run(batch)
         wait_for(batch)                                      # e.g. an event on parts.stream(idx)
         policy.observe_prefill((time.perf_counter() - start) * 1e3, batch.tokens, queued_tokens)
-    # metrics: policy.history (SplitDecision: t, index, reason, decode P99, predicted TTFT), policy.changes()
+    # metrics: policy.history (the last ``history_limit`` SplitDecisions: t, index, reason, decode P99,
+    # predicted TTFT), policy.changes() (every change since start)
 
 The partitions themselves live in :mod:`.adaptive_partitions` (they need torch and a
 GPU); this module is the policy alone and imports only the standard library.
@@ -104,7 +124,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -175,6 +195,16 @@ class AdaptiveSplitConfig:
     # batch 64 was 1.39 (run 3), 1.42 (run 3's probe, decode at normal priority) and 1.27
     # (run 5), and 1.39 at batch 32.
     unconfined_top_factor: float = 1.45
+    # Hysteresis of the load buckets, in doublings: the width of the dead band above each power
+    # of two p in which a decode batch size or context keeps the bucket it came from (up needs
+    # more than p x 2**this, down p or less; 0: plain doubling buckets).
+    # Requests grow and finish continuously, so the total context hovers at a power of two
+    # for long stretches; a quarter doubling (19 %) is wider than that wobble and narrower
+    # than the 2x the buckets stand for.
+    load_bucket_hysteresis: float = 0.25
+    # Decisions kept in ``history`` (a server makes several a second; about 235 bytes each).
+    # changes() counts every change since start regardless.
+    history_limit: int = 4096
 
     def __post_init__(self) -> None:
         problems = []
@@ -204,6 +234,10 @@ class AdaptiveSplitConfig:
             problems.append(f"extrapolation_sm_offset must be >= 1, got {self.extrapolation_sm_offset}")
         if not self.unconfined_top_factor >= 1:
             problems.append(f"unconfined_top_factor must be >= 1, got {self.unconfined_top_factor}")
+        if not 0 <= self.load_bucket_hysteresis < 1:
+            problems.append(f"load_bucket_hysteresis must be in [0, 1) doublings, got {self.load_bucket_hysteresis}")
+        if self.history_limit < 1:
+            problems.append(f"history_limit must be >= 1, got {self.history_limit}")
         if problems:
             raise ValueError("adaptive SM split: " + "; ".join(problems))
 
@@ -228,6 +262,22 @@ def _percentile(values: Sequence[float], q: float) -> float:
 def _pow2_bucket(n: int) -> int:
     """The smallest power of two >= n (0 for unknown): one bucket per doubling of the load."""
     return 0 if n <= 0 else 1 << (int(n) - 1).bit_length()
+
+
+def _sticky_bucket(value: int, current: int, margin_doublings: float) -> int:
+    """The doubling bucket of ``value``, but ``current`` while ``value`` is in the dead band above it.
+
+    A Schmitt trigger on each power of two ``p``: a value in bucket ``p`` (``(p/2, p]``) moves up
+    only above ``p x 2**margin``; one in a heavier bucket moves down at ``p`` (the plain,
+    inclusive edge). Between the two, ``margin`` doublings wide, the bucket it came from
+    holds, whichever side that was. The band lies above ``p`` rather than around it because
+    loads sit exactly on powers of two (batch caps, CUDA-graph sizes): 64 must stay bucket 64
+    from either side. Unknown (0) on either side moves at once.
+    """
+    fresh = _pow2_bucket(value)
+    if not current or not fresh or fresh <= current:
+        return fresh
+    return fresh if value > current * 2.0 ** margin_doublings else current
 
 
 LoadKey = tuple[int, int]  # (decode batch bucket, decode context tokens bucket or 0)
@@ -269,7 +319,7 @@ class AdaptiveSplitPolicy:
     config: AdaptiveSplitConfig
     num_partitions: int
     initial_index: Optional[int] = None
-    clock: object = time.monotonic
+    clock: Callable[[], float] = time.monotonic
     # SMs of each partition and of the GPU (GreenContextPartitions.sm_counts / total_sms): the
     # drain rule's extrapolation needs the spacing. Default: evenly spaced, the top one short by one.
     sm_counts: Optional[Sequence[int]] = None
@@ -278,7 +328,7 @@ class AdaptiveSplitPolicy:
     # (GreenContextPartitions.whole_gpu_top): the drain guesses it differently.
     unconfined_top: bool = False
     index: int = field(init=False)
-    history: list = field(init=False, default_factory=list)
+    history: deque = field(init=False)  # the last config.history_limit SplitDecisions, oldest first
     _decode: deque = field(init=False)
     _ms_per_token: Optional[float] = field(init=False, default=None)
     _predicted_ttft_ms: Optional[float] = field(init=False, default=None)
@@ -294,6 +344,11 @@ class AdaptiveSplitPolicy:
     _processed_tokens: int = field(init=False, default=0)
     _arrived: deque = field(init=False, default_factory=deque)  # (t, tokens queued + processed so far)
     _service_tok_s: dict = field(init=False, default_factory=dict)  # split -> prefill tokens/s measured there
+    _changes: int = field(init=False, default=0)  # every change of the recorded split since start
+    _last_recorded: Optional[int] = field(init=False, default=None)
+    _steps_since_decision: int = field(init=False, default=0)
+    _load_since_decision: bool = field(init=False, default=False)  # a nonzero decode load was observed
+    _stepless_decisions: int = field(init=False, default=0)  # consecutive decisions with no step before them
 
     def __post_init__(self) -> None:
         if self.num_partitions < 1:
@@ -311,6 +366,7 @@ class AdaptiveSplitPolicy:
         if self.total_sms < self.sm_counts[-1]:
             raise ValueError(f"total_sms {self.total_sms} is below the largest partition {self.sm_counts[-1]}")
         self._decode = deque(maxlen=self.config.window)
+        self.history = deque(maxlen=self.config.history_limit)
         self._samples_since_change = self.config.min_decode_samples  # the start split is judged at once
 
     # --- inputs
@@ -318,13 +374,14 @@ class AdaptiveSplitPolicy:
         """One decode step's inter-token time, as the decode side measured it (at the load last observed)."""
         self._decode.append(float(ms))
         self._samples_since_change += 1
+        self._steps_since_decision += 1
         if self.config.feed_forward and self._load is not None:
             key = (self._load, self.index)
             cell = self._cells.get(key)
             if cell is None:
                 cell = self._cells[key] = _Cell(deque(maxlen=self.config.window), 0.0)
             cell.samples.append(float(ms))
-            cell.updated = self.clock()  # type: ignore[operator]
+            cell.updated = self.clock()
 
     def observe_decode_load(self, batch_size: int, context_tokens: int = 0) -> None:
         """The decode side's running batch (requests, and their total context when known).
@@ -334,7 +391,14 @@ class AdaptiveSplitPolicy:
         """
         if batch_size < 0 or context_tokens < 0:
             raise ValueError(f"decode load must be >= 0, got batch {batch_size}, context {context_tokens}")
-        key = load_key(batch_size, context_tokens)
+        if self._load is None:
+            key = load_key(batch_size, context_tokens)
+        else:
+            margin = self.config.load_bucket_hysteresis
+            key = (_sticky_bucket(batch_size, self._load[0], margin),
+                   _sticky_bucket(context_tokens, self._load[1], margin))
+        if batch_size > 0:
+            self._load_since_decision = True
         if self.config.feed_forward and self._load is not None and key != self._load:
             # Steps at the old load say nothing about the new one: judge afresh.
             self._decode.clear()
@@ -350,7 +414,7 @@ class AdaptiveSplitPolicy:
         self._service_tok_s[self.index] = tokens / ms * 1e3
         # Queued plus processed tokens only grow by arrivals: their slope is the arrival rate.
         self._processed_tokens += tokens
-        now = self.clock()  # type: ignore[operator]
+        now = self.clock()
         self._arrived.append((now, queued_tokens + self._processed_tokens))
         while self._arrived and now - self._arrived[0][0] > self.config.rate_window_s:
             self._arrived.popleft()
@@ -363,6 +427,11 @@ class AdaptiveSplitPolicy:
     # --- state
     def decode_percentile_ms(self) -> Optional[float]:
         return _percentile(self._decode, self.config.itl_percentile) if self._decode else None
+
+    @property
+    def decode_load(self) -> Optional[LoadKey]:
+        """The (batch, context) load bucket in use (with hysteresis), or None before any load was observed."""
+        return self._load
 
     @property
     def predicted_ttft_ms(self) -> Optional[float]:
@@ -409,7 +478,7 @@ class AdaptiveSplitPolicy:
         cell = self._cells.get((load, index))
         if cell is None or len(cell.samples) < self.config.min_cell_samples:
             return None
-        if self.clock() - cell.updated > self.config.cell_ttl_s:  # type: ignore[operator]
+        if self.clock() - cell.updated > self.config.cell_ttl_s:
             return None
         return _percentile(cell.samples, self.config.itl_percentile)
 
@@ -619,26 +688,60 @@ class AdaptiveSplitPolicy:
             target -= 1
         return target
 
+    def _decode_idle(self) -> bool:
+        """Nothing is decoding next to this decision (rule 6); consumes the since-last-decision counters.
+
+        Explicit (``observe_decode_load(0)``) or no load at all: one decision without a step
+        is enough. A known load that the caller stopped refreshing (the server sends none with
+        an empty decode batch): two decisions in a row without a step, as one can fall between
+        two decode steps. A nonzero load observed since the last decision means decode runs.
+        """
+        stepless = self._steps_since_decision == 0
+        streak = self._stepless_decisions
+        refreshed = self._load_since_decision
+        self._stepless_decisions = streak + 1 if stepless else 0
+        self._steps_since_decision, self._load_since_decision = 0, False
+        if not stepless or refreshed:
+            return False
+        no_load = self._load is None or self._load[0] == 0
+        if not no_load and streak < 1:
+            return False
+        # Whatever the window holds was measured next to a decode batch that has finished.
+        self._decode.clear()
+        if not no_load:
+            self._load = (0, 0)  # the decode side's return is then a load change for rule 0
+        return True
+
     def choose(self) -> int:
         """The partition index for the next prefill batch (see the module docstring for the rule)."""
         c = self.config
+        idle = self._decode_idle()
         forward = self._feed_forward_on_load_change()
+        if idle:
+            # Even without a load ever observed: the first load after this is a change.
+            self._decided_load = (0, 0)
         if forward is not None and forward[0] != self.index:
             target, reason = forward
             # A new load is a new situation: breaches seen at the old one do not block.
             self._backoff_left.clear()
             return self._move(target, "feed-forward", reason)
-        if c.feed_forward and c.drain_backlog and self._load is not None:
+        top = self.num_partitions - 1
+        if c.feed_forward and c.drain_backlog and (self._load is not None or idle):
             # Acts on predictions, not on the window, so it need not wait out the cooldown;
             # never while the decode steps seen at this split breach the SLO.
             why = self._backlog_pressure()
             itl = self.decode_percentile_ms()
             if why is not None and (itl is None or itl <= c.itl_slo_ms):
-                target = self._drain_target()
-                if target > self.index:
-                    kind, pred = self.guarded_itl_ms(target)
-                    return self._move(target, "drain", f"{why}; split {target} {kind} at {pred:.2f} ms ITL")
-        if self._cooldown > 0 or self._samples_since_change < c.min_decode_samples:
+                if idle:
+                    if top > self.index:
+                        return self._move(top, "drain", f"{why}; nothing decoding: no ITL to protect")
+                else:
+                    target = self._drain_target()
+                    if target > self.index:
+                        kind, pred = self.guarded_itl_ms(target)
+                        return self._move(target, "drain", f"{why}; split {target} {kind} at {pred:.2f} ms ITL")
+        # Nothing decoding: no samples would ever end the min_decode_samples hold.
+        if self._cooldown > 0 or (not idle and self._samples_since_change < c.min_decode_samples):
             self._cooldown = max(0, self._cooldown - 1)
             return self._record(self.index, "cooldown")
         for j in list(self._backoff_left):
@@ -655,9 +758,13 @@ class AdaptiveSplitPolicy:
                 self._pending_count += 1
             else:
                 self._pending, self._pending_count = direction, 1
-            blocked = direction == "grow" and self._backoff_left.get(self.index + 1, 0) > 0
+            blocked = direction == "grow" and not idle and self._backoff_left.get(self.index + 1, 0) > 0
             if self._pending_count >= c.patience and not blocked:
-                target = self._grow_target() if direction == "grow" else self.index - 1
+                if direction == "relax":
+                    target = self.index - 1
+                else:
+                    target = top if idle else self._grow_target()
+                    reason = reason + ("; nothing decoding" if idle else "")
         if direction not in ("grow", "relax"):
             self._pending, self._pending_count = "", 0
         target = min(max(target, 0), self.num_partitions - 1)
@@ -682,20 +789,23 @@ class AdaptiveSplitPolicy:
     def _record(self, index: int, reason: str) -> int:
         self.history.append(
             SplitDecision(
-                t=self.clock(),  # type: ignore[operator]
+                t=self.clock(),
                 index=index,
                 reason=reason,
                 decode_pct_ms=self.decode_percentile_ms(),
                 predicted_ttft_ms=self._predicted_ttft_ms,
             )
         )
-        if len(self.history) > 1 and self.history[-2].index != index:
+        # Counted here, not from the history: the history keeps only the last history_limit.
+        if self._last_recorded is not None and self._last_recorded != index:
+            self._changes += 1
             logger.info("[edgeacc prefill] adaptive SM split -> partition %d (%s)", index, reason)
+        self._last_recorded = index
         return index
 
     def changes(self) -> int:
-        """How many times the chosen partition changed (the flapping metric)."""
-        return sum(1 for a, b in zip(self.history, self.history[1:]) if a.index != b.index)
+        """How many times the chosen partition changed between recorded decisions since start (the flapping metric)."""
+        return self._changes
 
 
 __all__ = [

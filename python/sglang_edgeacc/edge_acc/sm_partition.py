@@ -87,6 +87,16 @@ def child_env(
         logger.info("%s SM split: mps, %s=%d", prefix, MPS_PERCENT_VAR, percent)
         return {MPS_PERCENT_VAR: str(percent)}
     if mode == "adaptive":
+        if not green_contexts_available():
+            # Checked here, before the side starts: an MPS percentage must be in its
+            # environment before it initializes CUDA, and it is the fixed split.
+            logger.warning(
+                "%s --edge-acc-sm-partition adaptive needs torch.cuda.green_contexts (torch %s here lacks "
+                "it); falling back to the fixed MPS split, %s=%d (--edge-acc-prefill-sm-percent). Install "
+                "a torch with green contexts (2.9 or newer) for the adaptive split",
+                prefix, torch.__version__, MPS_PERCENT_VAR, percent,
+            )
+            return {MPS_PERCENT_VAR: str(percent)}
         # An MPS percentage would forbid green contexts: the side runs unlimited and
         # confines each batch to the partition the adaptive policy picks.
         logger.info("%s SM split: adaptive green-context partitions, no fixed cap", prefix)

@@ -75,6 +75,15 @@ def _spawn_ranks() -> SpawnRanks:
     )
 
 
+def queued_prompt_tokens(waiting_queue, chunked_req) -> int:
+    """Prompt tokens not sent to the prefill side yet: the waiting requests', and the rest
+    of the prompt being chunked, which upstream keeps out of the waiting queue."""
+    queued = sum(len(req.origin_input_ids) for req in waiting_queue)
+    if chunked_req is not None and chunked_req.extend_end is not None:
+        queued += max(0, len(chunked_req.origin_input_ids) - chunked_req.extend_end)
+    return queued
+
+
 class DecodeSideMixin:
     # ----------------------------------------------------------------- start-up
     def _edge_decode_start_prefill_side(self) -> None:
@@ -225,7 +234,9 @@ class DecodeSideMixin:
         if not batch.forward_mode.is_decode():
             self._edge_last_decode_done = None
             return
-        if self._edge_last_decode_done is not None:
+        # Only steps that ran next to a prefill batch say anything about its partition;
+        # the policy would file steps of an idle prefill side under the split in use.
+        if self._edge_last_decode_done is not None and self._edge_inflight is not None:
             self._edge_decode_steps.append((now - self._edge_last_decode_done) * 1e3)
         self._edge_last_decode_done = now
 
@@ -271,7 +282,7 @@ class DecodeSideMixin:
             running = self.running_batch.reqs
             load = dict(
                 decode_step_ms=tuple(self._edge_decode_steps),
-                queued_tokens=sum(len(req.origin_input_ids) for req in self.waiting_queue),
+                queued_tokens=queued_prompt_tokens(self.waiting_queue, self.chunked_req),
                 decode_batch_size=len(running),
                 decode_context_tokens=sum(len(req.origin_input_ids) + len(req.output_ids) for req in running),
             )

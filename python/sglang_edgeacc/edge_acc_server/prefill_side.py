@@ -111,15 +111,21 @@ class PrefillSideMixin:
         self._edge_read_fence = ReadFence(runner.device)
         self._edge_green_stream = None
         self._edge_split = None
-        device = torch.device(runner.device)
+        device = runner_gpu(runner)
         flags = get_flags(self.server_args)
         if flags.edge_acc_sm_partition == "adaptive":
-            self._edge_split = AdaptiveSplit.create(flags, device, self._edge_tp_rank())
+            from sglang.srt.runtime_context import get_parallel
+
+            # The scheduler sets its group attributes after the pools; the groups exist already.
+            parallel = get_parallel()
+            self._edge_split = AdaptiveSplit.create(flags, device, self._edge_tp_rank(),
+                                                    dp_rank=getattr(parallel, "dp_rank", None) or 0,
+                                                    group=parallel.attn_tp_group.cpu_group)
         elif device.type == "cuda":
             # --edge-acc-sm-partition green-context: every prefill forward runs
             # on a stream confined to this side's share of the SMs.
             self._edge_green_stream = green_context_stream_from_env(
-                device.index or 0, role="prefill", tp_rank=self._edge_tp_rank()
+                device.index, role="prefill", tp_rank=self._edge_tp_rank()
             )
 
     def _edge_prefill_local_objects(self) -> LocalObjects:
@@ -229,6 +235,19 @@ class PrefillSideMixin:
                                               batch.return_hidden_states),
             forward_ms=(time.perf_counter() - start) * 1e3,
         )
+
+
+def runner_gpu(runner) -> torch.device:
+    """The model runner's device with its GPU index.
+
+    Upstream keeps ``runner.device`` a bare ``"cuda"`` and the GPU in ``gpu_id``;
+    green contexts made from the bare device would all land on GPU 0, whatever
+    GPU this rank runs on.
+    """
+    device = torch.device(runner.device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", int(runner.gpu_id))
+    return device
 
 
 def _host_logits_output(logits_output, return_logprob: bool, return_hidden_states: bool):
