@@ -16,6 +16,8 @@ class _Partitions:
     """Stands in for GreenContextPartitions: five splits, streams named by index."""
 
     sm_counts = [32, 48, 72, 96, 112]
+    total_sms = 132
+    whole_gpu_top = False
 
     def __len__(self) -> int:
         return len(self.sm_counts)
@@ -106,3 +108,22 @@ def test_the_ranks_of_a_group_run_the_partition_its_first_rank_chose():
     assert follower == leader
     assert leader[-1] == "stream-4"  # grew on its headroom, as in the test above
     assert decided > 0 and asked == 0  # the follower's policy was never asked
+
+
+def _create_on_rank(rank: int) -> bool:
+    import torch
+    import torch.distributed as dist
+
+    from sglang_edgeacc.edge_acc_server import adaptive
+
+    # Rank 1's GPU cannot make green contexts; rank 0's can.
+    adaptive.build_partitions_or_warn = lambda **kw: _Partitions() if rank == 0 else None
+    adaptive._partition_gauge = lambda *a: None
+    flags = type("Flags", (), {"edge_acc_itl_slo_ms": 50.0, "edge_acc_ttft_slo_ms": 2000.0})()
+    split = AdaptiveSplit.create(flags, torch.device("cuda", rank), rank, group=dist.group.WORLD)
+    return split is not None
+
+
+def test_a_rank_without_partitions_takes_its_whole_group_unconfined_instead_of_hanging_it():
+    # Each batch's partition is agreed with a collective; a rank that had none would never join it.
+    assert run_ranks(_create_on_rank, 2) == {0: False, 1: False}

@@ -18,7 +18,7 @@ import torch
 
 from sglang_edgeacc.edge_acc.adaptive_partitions import GreenContextPartitions, build_partitions_or_warn
 from sglang_edgeacc.edge_acc.adaptive_split import AdaptiveSplitConfig, AdaptiveSplitPolicy
-from sglang_edgeacc.edge_acc_server.group_consensus import is_group_leader, leader_decides
+from sglang_edgeacc.edge_acc_server.group_consensus import all_ranks_agree, is_group_leader, leader_decides
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +51,14 @@ class AdaptiveSplit:
         partitions = build_partitions_or_warn(device_index=device.index if device.index is not None
                                               else torch.cuda.current_device(),
                                               tp_rank=tp_rank, whole_gpu_top=True)
+        # The group's ranks agree on a partition per batch with a collective: a rank without
+        # partitions would never join it and the others would wait forever.
+        if group is not None and not all_ranks_agree(partitions is not None, group):
+            if partitions is not None:
+                logger.warning("[edgeacc prefill tp%d] --edge-acc-sm-partition adaptive: another rank of this "
+                               "attention-TP group could not make its partitions (its warning says why); "
+                               "running unconfined", tp_rank)
+            return None
         if partitions is None:
             return None
         config = AdaptiveSplitConfig(itl_slo_ms=flags.edge_acc_itl_slo_ms, ttft_slo_ms=flags.edge_acc_ttft_slo_ms)
