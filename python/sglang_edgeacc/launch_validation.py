@@ -7,10 +7,14 @@ raised before any model, device or process is touched.
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 from sglang_edgeacc.flags import EdgeAccFlags
+
+logger = logging.getLogger(__name__)
 
 
 class EdgeAccConfigError(SystemExit):
@@ -84,8 +88,6 @@ def validate_launch(flags: EdgeAccFlags, args: argparse.Namespace) -> None:
 
 
 def _on_cpu_platform(args: argparse.Namespace) -> bool:
-    import os
-
     from sglang_edgeacc.platform import is_selected
 
     return is_selected() or getattr(args, "device", None) == "cpu" or os.environ.get("SGLANG_USE_CPU_ENGINE") == "1"
@@ -118,8 +120,6 @@ def keep_prefill_graphs_inside_green_contexts(flags: EdgeAccFlags, args: argpars
     under ``--edge-acc-sm-partition green-context|adaptive``: the default graph is turned
     off here, an explicit one is refused.
     """
-    import logging
-
     if not flags.enable_edge_acc or flags.edge_acc_sm_partition not in GREEN_CONTEXT_PARTITIONS:
         return
     if _on_cpu_platform(args):
@@ -134,7 +134,7 @@ def keep_prefill_graphs_inside_green_contexts(flags: EdgeAccFlags, args: argpars
         )
     if not getattr(args, "disable_prefill_cuda_graph", False):
         args.disable_prefill_cuda_graph = True
-        logging.getLogger(__name__).info(
+        logger.info(
             "[edgeacc] --edge-acc-sm-partition %s: prefill CUDA graphs off (green contexts confine only work "
             "launched on their streams; a graph keeps the SMs of the stream it was captured on)",
             flags.edge_acc_sm_partition,
@@ -149,15 +149,11 @@ def prepare_edge_acc_launch(flags: EdgeAccFlags, args: argparse.Namespace) -> No
     the decode sides (and they must see it before CUDA starts). The prefill
     side's share is set by its decode side when it spawns it.
     """
-    import logging
-    import os
-
     from sglang_edgeacc.edge_acc_server.roles import ENABLED_ENV
 
-    log = logging.getLogger(__name__)
     os.environ[ENABLED_ENV] = "1"
     if _on_cpu_platform(args):
-        log.info("[edgeacc] CPU platform: the two sides time-slice the host; SM split is off")
+        logger.info("[edgeacc] CPU platform: the two sides time-slice the host; SM split is off")
         return
     if flags.edge_acc_sm_partition != "none":
         # Kernels of two processes run at the same time only under MPS, whatever
