@@ -30,11 +30,15 @@ def _decode_side(install_handler: bool, result) -> None:
 
     if install_handler:
         assert fail_on_prefill_side_sigquit("[test decode]")
+    else:
+        # The default action, whatever disposition this process inherited (an ignored
+        # signal survives exec: a CI run once saw the decode side outlive the signal).
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
     # The writer stays open here (the real prefill side holds it): "ready" never comes.
     reader, _writer = mp.get_context("spawn").Pipe(duplex=False)
     child = subprocess.Popen([sys.executable, "-c", _PREFILL_SIDE_THAT_FAILS])
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 45  # the child signals after 0.5 s; a loaded 2-core CI box is slow
         while not reader.poll(0.2) and time.monotonic() < deadline:  # as the decode side waits for "ready"
             pass
         result.put("no signal seen")
@@ -50,7 +54,7 @@ def test_prefill_side_sigquit_reaches_the_decode_sides_error_path(install_handle
     result = ctx.Queue()
     decode = ctx.Process(target=_decode_side, args=(install_handler, result))
     decode.start()
-    decode.join(60)
+    decode.join(90)
     assert not decode.is_alive()
     if install_handler:
         assert decode.exitcode == 0
