@@ -810,6 +810,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 logger.info("%s", r)
     sat = [Phase("saturating", args.seconds, None, b)]
     fixed_steady: list[PhaseResult] = []
+    arm_partition: dict[str, int] = {}  # fixed and paced arm -> the partition it ran on (--overlap-cost)
     steady_by_label: dict[str, PhaseResult] = {}
     steady_wanted = [x for x in args.steady_fixed.split(",") if x]
     for prio in prios if parts is not None else []:
@@ -817,6 +818,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             if steady_wanted and label not in steady_wanted:
                 continue
             arm = f"green-{label}{suffix[prio]}"
+            arm_partition[arm] = i
             res, _ = run_concurrent(arm, fwd, runners, pk, pv, prompt, parts, sat, args.piece, lambda i=i: i, initial_index=i,
                                     decode_priority=prio)
             fixed_steady.append(res[0])
@@ -824,8 +826,6 @@ def main(argv: Optional[list[str]] = None) -> int:
             if prio == policy_prio:
                 steady_by_label[label] = res[0]
             logger.info("%s", res[0])
-    arm_partition: dict[str, int] = {arm.arm: parts.labels.index(arm.arm[len("green-"):].removesuffix("-hp"))
-                                     for arm in fixed_steady} if parts is not None else {}
     for spec in [x for x in args.paced_fixed.split(",") if x] if parts is not None else []:
         label, pace, pace_from = (spec.split(":") + [""] * 3)[:3]
         if label not in parts.labels or not pace or pace_from not in ("", "start", "end"):

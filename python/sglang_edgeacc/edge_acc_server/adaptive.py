@@ -42,15 +42,14 @@ class AdaptiveSplit:
     @classmethod
     def create(cls, flags, device: torch.device, tp_rank: int, *, dp_rank: int = 0,
                group=None) -> "AdaptiveSplit | None":
+        """``device`` with its index (``prefill_side.runner_gpu``); None where it runs unconfined."""
         if device.type != "cuda":
             logger.warning("[edgeacc prefill tp%d] --edge-acc-sm-partition adaptive: the %s platform has "
                            "no SMs to partition; running unconfined", tp_rank, device.type)
             return None
         # The whole-GPU, least-priority top extends the split to the prefill throughput the
         # largest green context cannot reach; the policy uses it only when the ITL SLO allows.
-        partitions = build_partitions_or_warn(device_index=device.index if device.index is not None
-                                              else torch.cuda.current_device(),
-                                              tp_rank=tp_rank, whole_gpu_top=True)
+        partitions = build_partitions_or_warn(device_index=device.index, tp_rank=tp_rank, whole_gpu_top=True)
         # The group's ranks agree on a partition per batch with a collective: a rank without
         # partitions would never join it and the others would wait forever.
         if group is not None and not all_ranks_agree(partitions is not None, group):
