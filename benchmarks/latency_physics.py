@@ -12,11 +12,12 @@ waiting (saturating arrivals), and a decode batch of ``--decode-batch`` requests
                    steps (SGLang's chunked prefill: prefill and decode batches alternate)
   chunked-C-graphed  the same, each chunk replayed from a CUDA graph: chunked prefill without
                    any kernel-launch overhead, a best case SGLang's eager prefill does not reach
-  edgeacc-mps-P    two processes: this one decodes at 100%; a spawned prefill side under
+  edgeacc-mps-P[-bn]  two processes: this one decodes at 100%; a spawned prefill side under
                    CUDA MPS with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=P imports the weights and
                    KV pool through edge_acc.tensor_share (zero copies), prefills whole
                    prompts into the shared pool back to back and hands each first token
-                   over with an edge_acc.ordering fence
+                   over with an edge_acc.ordering fence; -bn: the prefill side is an MPS
+                   client of below-normal priority (--prefill-priorities)
 
 Prefill runs eager in the whole, chunked-C and EdgeAcc arms, with unfused kernels (K/V
 expanded per query head, masked attention over the prefix), so small eager chunks pay
@@ -53,7 +54,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 from qwen3_shaped import Qwen3Forward, Qwen3Shape, compare_with_transformers, random_weights  # noqa: E402
 
 from sglang_edgeacc.edge_acc.ordering import ReadFence, WriteFence  # noqa: E402
-from sglang_edgeacc.edge_acc.sm_partition import child_env, environment_for_child, visible_sm_count  # noqa: E402
+from sglang_edgeacc.edge_acc.sm_partition import (  # noqa: E402
+    child_env,
+    environment_for_child,
+    mps_priority_env,
+    visible_sm_count,
+)
 from sglang_edgeacc.edge_acc.tensor_share import (  # noqa: E402
     allocate_single_segment,
     export_tensors,
@@ -289,13 +295,15 @@ def prefill_side_main(conn, bundle_bytes: bytes, shape: Qwen3Shape, prompt_len: 
 
 
 def run_edgeacc_mps(
-    decode: DecodeRunner, shared: dict, shape: Qwen3Shape, prompt_len: int, share: int, seconds: float, device
+    decode: DecodeRunner, shared: dict, shape: Qwen3Shape, prompt_len: int, share: int, seconds: float, device,
+    priority: str = "normal",
 ) -> ArmResult:
     # One export per importing process: torch counts each CUDA export as one consumer reference.
     bundle_bytes = pickle.dumps(export_tensors(shared))
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
     env = child_env("prefill", share, "mps", device_type=device.type)
+    env.update(mps_priority_env("prefill", priority, "mps", device_type=device.type))
     with environment_for_child(env):
         proc = ctx.Process(
             target=prefill_side_main, args=(child, bundle_bytes, shape, prompt_len, str(device)), daemon=True
@@ -335,7 +343,8 @@ def run_edgeacc_mps(
         if proc.is_alive():
             proc.kill()
     note = f"prefill side saw {child_sms} SMs; its own allocations {child_alloc / 2**20:.0f} MiB; {handoffs} fenced handoffs"
-    return summarize(f"edgeacc-mps-{share}", itl, tokens, elapsed, prompts, note)
+    suffix = "" if priority == "normal" else "-bn"
+    return summarize(f"edgeacc-mps-{share}{suffix}", itl, tokens, elapsed, prompts, note)
 
 
 def markdown_table(rows: list[ArmResult], base: ArmResult, whole: Optional[ArmResult]) -> str:
@@ -387,6 +396,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         action="store_false",
         help="skip the chunked arms whose chunks replay from CUDA graphs (chunked prefill's best case)",
     )
+    ap.add_argument("--prefill-priorities", default="normal",
+                    help="MPS client priorities of the prefill side to run each share at (normal,below-normal); "
+                    "below-normal arms are named edgeacc-mps-P-bn")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -442,9 +454,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                 continue
             logger.info("%s", rows[-1])
     shared = {**{f"w.{k}": v for k, v in weights.items()}, **{k: v for k, v in pool.items() if k.startswith("p")}}
-    for share in [int(x) for x in args.mps_shares.split(",") if x]:
-        rows.append(run_edgeacc_mps(decode, shared, shape, args.prompt_len, share, args.seconds, device))
-        logger.info("%s", rows[-1])
+    for priority in [p for p in args.prefill_priorities.split(",") if p]:
+        for share in [int(x) for x in args.mps_shares.split(",") if x]:
+            rows.append(run_edgeacc_mps(decode, shared, shape, args.prompt_len, share, args.seconds, device, priority))
+            logger.info("%s", rows[-1])
 
     base = rows[0]
     whole = next((r for r in rows if r.arm == "whole"), None)

@@ -1,8 +1,10 @@
-"""A real sglang server on the ``edgeacc_cpu`` platform, for tests.
+"""A real sglang server for tests: on the ``edgeacc_cpu`` platform, or on a CUDA GPU.
 
 The server runs in its own process session so that stopping it takes the
 whole tree (tokenizer, controller, schedulers, detokenizer, EdgeAcc sides)
-down, also when the test that started it failed.
+down, also when the test that started it failed. On a GPU it runs with the
+backends the GPU host's bundle provides (``--attention-backend triton
+--sampling-backend pytorch``; ``../shared/gpu-host/build-bundle.sh``).
 """
 
 from __future__ import annotations
@@ -70,12 +72,29 @@ def cpu_server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+GPU_BACKEND_ARGS = ("--attention-backend", "triton", "--sampling-backend", "pytorch")
+
+
+def gpu_server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("SGLANG_PLATFORM", None)
+    env.update(SGLANG_CUDA_COREDUMP_BEFORE_CRASH_WAIT_SECS="0", PYTHONUNBUFFERED="1")
+    env.update(extra or {})
+    return env
+
+
 @dataclass
-class CpuServer:
+class SglangServer:
     args: tuple[str, ...]
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
     log_path: str = ""
+    model_path: str = ""  # default: the shipped tiny model
+    platform: str = "cpu"  # "cpu" (edgeacc_cpu) or "cuda"
+    env: dict[str, str] = field(default_factory=dict)
+    dummy_weights: bool = True
+    startup_timeout_s: float = STARTUP_TIMEOUT_S
+    started_s: float = 0.0  # seconds from launch to healthy
 
     @property
     def url(self) -> str:
@@ -84,33 +103,45 @@ class CpuServer:
     def command(self) -> list[str]:
         # An idle scheduler otherwise spins a core; CI has two. DP attention keeps
         # every rank stepping together, so it is left to spin there.
-        idle = [] if "--dp" in self.args else ["--sleep-on-idle"]
+        idle = [] if "--dp" in self.args or self.platform != "cpu" else ["--sleep-on-idle"]
+        backends = list(GPU_BACKEND_ARGS) if self.platform == "cuda" else []
+        weights = ["--load-format", "dummy"] if self.dummy_weights else []
         return [
             sys.executable, "-m", "sglang.launch_server",
-            "--model-path", str(model_dir()), "--load-format", "dummy",
+            "--model-path", self.model_path or str(model_dir()), *weights,
             "--host", "127.0.0.1", "--port", str(self.port),
-            *idle, *self.args,
+            *idle, *backends, *self.args,
         ]
 
-    def start(self, env: dict[str, str] | None = None) -> "CpuServer":
+    def launch(self, env: dict[str, str] | None = None) -> "SglangServer":
+        """Start the process and return at once; :meth:`wait_healthy` waits for it."""
         log = tempfile.NamedTemporaryFile(prefix="edgeacc-server-", suffix=".log", delete=False)
         self.log_path = log.name
+        merged = {**self.env, **(env or {})}
+        environment = gpu_server_env(merged) if self.platform == "cuda" else cpu_server_env(merged)
+        self._launched_at = time.monotonic()
         self.proc = subprocess.Popen(
-            self.command(), stdout=log, stderr=subprocess.STDOUT, env=cpu_server_env(env),
-            start_new_session=True,
+            self.command(), stdout=log, stderr=subprocess.STDOUT, env=environment, start_new_session=True,
         )
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        return self
+
+    def start(self, env: dict[str, str] | None = None) -> "SglangServer":
+        return self.launch(env).wait_healthy()
+
+    def wait_healthy(self) -> "SglangServer":
+        deadline = self._launched_at + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode} during start:\n{self.log_tail()}")
             try:
                 if requests.get(f"{self.url}/health", timeout=5).status_code == 200:
+                    self.started_s = time.monotonic() - self._launched_at
                     return self
             except requests.RequestException:
                 pass
-            time.sleep(1.0)
+            time.sleep(0.5)
         self.stop()
-        raise TimeoutError(f"server not healthy after {STARTUP_TIMEOUT_S:.0f} s:\n{self.log_tail()}")
+        raise TimeoutError(f"server not healthy after {self.startup_timeout_s:.0f} s:\n{self.log_tail()}")
 
     def log_tail(self, chars: int = 6000) -> str:
         try:
@@ -147,14 +178,17 @@ class CpuServer:
 
     # --- requests -----------------------------------------------------------------
     def generate(self, text, max_new_tokens: int = 8, sampling: dict | None = None, **extra) -> dict | list:
+        """Greedy generation; ``text`` is a prompt string or a list of token ids."""
         params = {"max_new_tokens": max_new_tokens, "temperature": 0, **(sampling or {})}
-        payload = {"text": text, "sampling_params": params, **extra}
+        prompt = {"input_ids": text} if isinstance(text, list) and text and isinstance(text[0], int) else {"text": text}
+        payload = {**prompt, "sampling_params": params, **extra}
         response = requests.post(f"{self.url}/generate", json=payload, timeout=120)
         response.raise_for_status()
         return response.json()
 
-    def generate_stream(self, text: str, max_new_tokens: int = 8) -> list[dict]:
-        payload = {"text": text, "stream": True, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}}
+    def generate_stream(self, text, max_new_tokens: int = 8) -> list[dict]:
+        prompt = {"input_ids": text} if isinstance(text, list) else {"text": text}
+        payload = {**prompt, "stream": True, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}}
         chunks = []
         with requests.post(f"{self.url}/generate", json=payload, stream=True, timeout=120) as response:
             response.raise_for_status()
@@ -175,3 +209,7 @@ class CpuServer:
         response = requests.post(f"{self.url}/v1/completions", json=payload, timeout=120)
         response.raise_for_status()
         return response.json()
+
+
+# The CPU tests' name for it.
+CpuServer = SglangServer

@@ -25,6 +25,7 @@ class EdgeAccFlags:
     edge_acc_prefill_sm_percent: int = 80
     edge_acc_decode_sm_percent: int = 100
     edge_acc_sm_partition: str = "mps"
+    edge_acc_prefill_mps_priority: str = "below-normal"
     edge_acc_skip_preflight: bool = False
     edge_acc_itl_slo_ms: float = 50.0
     edge_acc_ttft_slo_ms: float = 2000.0
@@ -65,6 +66,13 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         help="How the SMs are split between the two sides: CUDA MPS thread percentages, "
         "torch green contexts (fixed share), adaptive (the prefill side picks a green-context "
         "partition per batch from the SLOs below), or none (time-sliced).",
+    )
+    group.add_argument(
+        "--edge-acc-prefill-mps-priority",
+        choices=("below-normal", "normal"),
+        default=EdgeAccFlags.edge_acc_prefill_mps_priority,
+        help="MPS client priority of the prefill side (the decode side is always normal): at below-normal "
+        "the prefill side takes the SMs decode steps leave idle and yields them when a decode step waits.",
     )
     group.add_argument(
         "--edge-acc-itl-slo-ms",

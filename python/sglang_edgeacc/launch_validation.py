@@ -168,10 +168,11 @@ def prepare_edge_acc_launch(flags: EdgeAccFlags, args: argparse.Namespace) -> No
                 f"--edge-acc-sm-partition {flags.edge_acc_sm_partition} needs a running CUDA MPS control "
                 f"daemon: {exc} (or run time-sliced with --edge-acc-sm-partition none)"
             ) from exc
-    if flags.edge_acc_sm_partition == "mps":
-        from sglang_edgeacc.edge_acc.sm_partition import MPS_PERCENT_VAR
+    from sglang_edgeacc.edge_acc.sm_partition import MPS_PERCENT_VAR, mps_priority_env
 
+    if flags.edge_acc_sm_partition == "mps":
         os.environ[MPS_PERCENT_VAR] = str(flags.edge_acc_decode_sm_percent)
+    os.environ.update(mps_priority_env("decode", flags.edge_acc_prefill_mps_priority, flags.edge_acc_sm_partition))
     from sglang_edgeacc.edge_acc.tensor_share import AllocatorNotShareableError, refuse_unshareable_cuda_allocator
 
     try:

@@ -13,6 +13,7 @@ process-wide hooks never leak into the pytest process:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from sglang_edgeacc.flags import EdgeAccFlags
 from sglang_edgeacc.tiny_model import model_dir
 
 BASE = ["--model-path", str(model_dir()), "--device", "cpu"]
@@ -138,6 +140,7 @@ def test_valid_flags_are_attached_and_survive_pickling(parsed):
         "edge_acc_prefill_sm_percent": 30,
         "edge_acc_decode_sm_percent": 90,
         "edge_acc_sm_partition": "green-context",
+        "edge_acc_prefill_mps_priority": "below-normal",
         "edge_acc_skip_preflight": False,
         "edge_acc_itl_slo_ms": 50.0,
         "edge_acc_ttft_slo_ms": 2000.0,
@@ -151,15 +154,9 @@ def test_valid_flags_are_attached_and_survive_pickling(parsed):
 def test_alias_enables_edge_acc_and_defaults_hold_when_off(parsed):
     assert parsed["edge:alias"]["flags"]["enable_edge_acc"] is True
     off = parsed["off"]["flags_after_pickle"]
-    assert off == {
-        "enable_edge_acc": False,
-        "edge_acc_prefill_sm_percent": 80,
-        "edge_acc_decode_sm_percent": 100,
-        "edge_acc_sm_partition": "mps",
-        "edge_acc_skip_preflight": False,
-        "edge_acc_itl_slo_ms": 50.0,
-        "edge_acc_ttft_slo_ms": 2000.0,
-    }
+    # The parser's defaults are the dataclass's: one definition of each.
+    assert off == dataclasses.asdict(EdgeAccFlags())
+    assert off["enable_edge_acc"] is False
 
 
 # --- the user's real command lines --------------------------------------------------

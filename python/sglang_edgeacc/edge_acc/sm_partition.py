@@ -39,6 +39,9 @@ import torch
 logger = logging.getLogger(__name__)
 
 MPS_PERCENT_VAR = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+# 0: normal, 1: below normal. Read once, when the client's CUDA context is made.
+MPS_PRIORITY_VAR = "CUDA_MPS_CLIENT_PRIORITY"
+MPS_PRIORITIES: tuple[str, ...] = ("below-normal", "normal")
 GREEN_CONTEXT_PERCENT_VAR = "EDGEACC_GREEN_CONTEXT_SM_PERCENT"
 SM_PARTITION_MODES: tuple[str, ...] = ("mps", "green-context", "adaptive", "none")
 ROLES: tuple[str, ...] = ("prefill", "decode")
@@ -106,6 +109,25 @@ def child_env(
         return {GREEN_CONTEXT_PERCENT_VAR: str(percent)}
     logger.info("%s SM split: none (the two sides time-slice the whole GPU)", prefix)
     return {}
+
+
+def mps_priority_env(role: str, priority: str, mode: str, *, device_type: str = "cuda") -> dict[str, str]:
+    """The MPS client priority of a side: the prefill side at ``priority``, the decode side always normal.
+
+    Under MPS the GPU's block scheduler gives a normal-priority client's waiting
+    blocks the SMs before a below-normal one's, so a prefill side at below normal
+    fills the SMs a decode step leaves idle without holding that step back. Set
+    always (also ``normal``) so a value inherited from the launcher cannot leak
+    into the wrong side. Without an MPS daemon (``none``) and off CUDA: nothing.
+    """
+    if role not in ROLES:
+        raise ValueError(f"MPS priority: role must be one of {ROLES}, got {role!r}")
+    if priority not in MPS_PRIORITIES:
+        raise ValueError(f"--edge-acc-prefill-mps-priority must be one of {MPS_PRIORITIES}, got {priority!r}")
+    if device_type != "cuda" or mode == "none":
+        return {}
+    below = role == "prefill" and priority == "below-normal"
+    return {MPS_PRIORITY_VAR: "1" if below else "0"}
 
 
 @contextlib.contextmanager
@@ -259,6 +281,9 @@ def visible_sm_count(device_index: int = 0) -> int:
 
 __all__ = [
     "GREEN_CONTEXT_PERCENT_VAR",
+    "MPS_PRIORITIES",
+    "MPS_PRIORITY_VAR",
+    "mps_priority_env",
     "GreenContextStream",
     "MPS_PERCENT_VAR",
     "ROLES",

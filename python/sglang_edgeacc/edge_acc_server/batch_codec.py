@@ -1,12 +1,15 @@
-"""Encode a decode side's prefill ``ScheduleBatch`` for its prefill side, and back.
+"""Pack a decode side's prefill ``ScheduleBatch`` into bytes for its prefill side, and unpack it there.
 
 A ``ScheduleBatch`` points at the decode side's process-local machinery (pools,
-allocator, radix tree, model config). Those are not sent: the encoder replaces
-each with a reference by role, and the decoder binds the reference to the
-prefill side's own object -- whose pools map the very same memory. A request's
-grammar travels as the vocab mask it filled (:mod:`grammar_mask`). Everything
-else (requests, sampling parameters, the small per-batch tensors) is pickled
-as is; it is a few kilobytes per batch.
+allocator, radix tree, model config, the tokenizer every request holds). Those
+are not sent: the packer replaces each with a reference by role, and the
+unpacker binds the reference to the prefill side's own object -- whose pools map
+the very same memory, and whose tokenizer was loaded from the same files. A
+request's grammar travels as the vocab mask it filled (:mod:`grammar_mask`).
+Every tensor travels as its own elements only, never the whole storage it may
+be a view of (an allocator's free list, a pool-sized buffer). Everything else
+(requests, sampling parameters) is pickled as is, so a message grows with the
+batch, not with the tokenizer or the pool.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ REQ_TO_TOKEN_POOL = "req_to_token_pool"
 KV_POOL = "token_to_kv_pool"
 KV_ALLOCATOR = "token_to_kv_pool_allocator"
 MODEL_CONFIG = "model_config"
+TOKENIZER = "tokenizer"
 LOCAL_ONLY = "local_only"  # decode-side bookkeeping the forward never reads (radix nodes, caches)
 BACK_REFERENCE = "back_reference"  # a weak reference back to the batch; re-pointed after loading
 # Objects from these modules are the decode side's bookkeeping (radix nodes,
@@ -52,15 +56,33 @@ class LocalObjects:
     token_to_kv_pool: Any
     token_to_kv_pool_allocator: Any
     model_config: Any
+    tokenizer: Any = None
+
+
+def _compact(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor with a storage of its own elements (a view of a larger storage would pickle all of it)."""
+    storage_bytes = tensor.untyped_storage().nbytes()
+    if tensor.is_contiguous() and storage_bytes == tensor.numel() * tensor.element_size():
+        return tensor
+    return tensor.clone(memory_format=torch.contiguous_format)
 
 
 class _BatchPickler(pickle.Pickler):
-    def __init__(self, file, local_types: dict[type, str], grammar_masks: dict | None = None):
+    def __init__(self, file, local_types: dict[type, str], grammar_masks: dict | None = None,
+                 local_objects: dict[int, str] | None = None):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self._local_types = local_types
         self._grammar_masks = grammar_masks or {}
+        self._local_objects = local_objects or {}
+        self._compacted: list[torch.Tensor] = []  # alive until the dump ends: pickle memoizes by id
 
     def reducer_override(self, obj):
+        if isinstance(obj, torch.Tensor) and type(obj) is torch.Tensor:
+            compact = _compact(obj)
+            if compact is obj:
+                return NotImplemented
+            self._compacted.append(compact)
+            return compact.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
         # A request's grammar is native decode-side state: it travels as the mask it filled.
         stand_in = self._grammar_masks.get(id(obj)) if self._grammar_masks else None
         return NotImplemented if stand_in is None else stand_in.__reduce__()
@@ -68,6 +90,9 @@ class _BatchPickler(pickle.Pickler):
     def persistent_id(self, obj):
         if isinstance(obj, (torch.Tensor, str, bytes, int, float, list, tuple, dict)):
             return None
+        tag = self._local_objects.get(id(obj))
+        if tag is not None:
+            return tag
         if isinstance(obj, weakref.ReferenceType):
             return BACK_REFERENCE
         for cls, tag in self._local_types.items():
@@ -90,12 +115,14 @@ class _BatchUnpickler(pickle.Unpickler):
         return getattr(self._local, tag)
 
 
-def encode_batch(batch) -> bytes:
+def pack_prefill_batch(batch, tokenizer=None) -> bytes:
+    """``batch`` as bytes; ``tokenizer`` (the scheduler's, which every request holds) travels as a reference."""
     from sglang_edgeacc.edge_acc_server.grammar_mask import prefilled_grammar_masks
 
     buffer = io.BytesIO()
+    local_objects = {id(tokenizer): TOKENIZER} if tokenizer is not None else {}
     try:
-        _BatchPickler(buffer, _local_types(), prefilled_grammar_masks(batch)).dump(batch)
+        _BatchPickler(buffer, _local_types(), prefilled_grammar_masks(batch), local_objects).dump(batch)
     except Exception as exc:
         raise TypeError(f"EdgeAcc cannot send this prefill batch: {exc}; unpicklable: {_unpicklable_paths(batch)}") from exc
     return buffer.getvalue()
@@ -125,7 +152,7 @@ def _unpicklable_paths(obj, path="batch", depth=0, seen=None) -> list[str]:
     return found or [f"{path} ({type(obj).__name__})"]
 
 
-def decode_batch(data: bytes, local: LocalObjects):
+def unpack_prefill_batch(data: bytes, local: LocalObjects):
     batch = _BatchUnpickler(io.BytesIO(data), local).load()
     orchestrator = getattr(batch.sampling_info, "penalizer_orchestrator", None)
     if orchestrator is not None and hasattr(orchestrator, "_batch_ref"):

@@ -22,9 +22,9 @@ from typing import Optional
 import torch
 
 from sglang_edgeacc.edge_acc.ordering import WriteFence
-from sglang_edgeacc.edge_acc.sm_partition import child_env, environment_for_child
+from sglang_edgeacc.edge_acc.sm_partition import child_env, environment_for_child, mps_priority_env
 from sglang_edgeacc.edge_acc_server import prefill_side, roles
-from sglang_edgeacc.edge_acc_server.batch_codec import encode_batch
+from sglang_edgeacc.edge_acc_server.batch_codec import pack_prefill_batch
 from sglang_edgeacc.edge_acc_server.channel import PeerLost, SideChannel, new_endpoint
 from sglang_edgeacc.edge_acc_server.child_failure import fail_on_prefill_side_sigquit
 from sglang_edgeacc.edge_acc_server.group_consensus import all_ranks_agree
@@ -121,6 +121,8 @@ class DecodeSideMixin:
             roles.DECODE_PID_ENV: str(os.getpid()),
             **child_env(roles.PREFILL, flags.edge_acc_prefill_sm_percent, flags.edge_acc_sm_partition,
                         tp_rank=ranks.tp_rank, device_type=device_type),
+            **mps_priority_env(roles.PREFILL, flags.edge_acc_prefill_mps_priority, flags.edge_acc_sm_partition,
+                               device_type=device_type),
         }
         ctx = mp.get_context("spawn")
         reader, writer = ctx.Pipe(duplex=False)
@@ -272,8 +274,7 @@ class DecodeSideMixin:
         if batch.extend_num_tokens:
             self.processed_tokens_counter += batch.extend_num_tokens
         resolve_forward_inputs(batch, self.future_map)
-        # The slots and req_to_token rows were written on this process's stream.
-        written = self._edge_write_fence.signal()
+        written = self._edge_signal_prefill_inputs()
         self._edge_seq += 1
         load = {}
         if self._edge_adaptive:
@@ -287,8 +288,26 @@ class DecodeSideMixin:
                 decode_context_tokens=sum(len(req.origin_input_ids) + len(req.output_ids) for req in running),
             )
             self._edge_decode_steps.clear()
-        self._edge_channel.send(PrefillWork(seq=self._edge_seq, batch=encode_batch(batch), written=written, **load))
+        packed = pack_prefill_batch(batch, tokenizer=self.tokenizer)
+        self._edge_channel.send(PrefillWork(seq=self._edge_seq, batch=packed, written=written, **load))
+        self.edge_acc_stats.record_message(len(packed))
         self._edge_inflight = InflightPrefill(seq=self._edge_seq, batch=batch, sent_at=time.monotonic())
+
+    def _edge_signal_prefill_inputs(self):
+        """A fence the prefill side waits on before its forward.
+
+        It covers the batch's slots and req_to_token rows, written on the schedule
+        stream, and every decode step already launched on the forward stream: a slot
+        this batch reuses may have been freed by a request that step still writes
+        KV for (upstream's own order keeps that write before the next forward of the
+        same stream; the prefill side runs on another stream, in another process).
+        """
+        forward = getattr(self, "forward_stream", None)
+        current = torch.cuda.current_stream() if torch.cuda.is_available() else None
+        if forward is None or current is None or self._edge_write_fence.mode != "event":
+            return self._edge_write_fence.signal()
+        forward.wait_stream(current)
+        return self._edge_write_fence.signal(forward)
 
     def _edge_collect_prefill(self) -> None:
         if self._edge_inflight is None:

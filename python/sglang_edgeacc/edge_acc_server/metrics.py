@@ -18,6 +18,7 @@ class EdgeAccStats:
     handoffs: int = 0
     last_handoff_s: float = 0.0
     last_prefill_forward_ms: float = 0.0
+    last_message_bytes: int = 0
     _prometheus: object = field(default=None, repr=False)
 
     def enable_prometheus(self, labels: dict[str, str], prefill_sm_percent: int, decode_sm_percent: int) -> None:
@@ -29,6 +30,11 @@ class EdgeAccStats:
                 "sglang_edgeacc_prefill_handoff_seconds",
                 "Time from sending a prefill batch to the prefill side until its first tokens are back.",
                 names, buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            ).labels(**labels),
+            "message_bytes": Histogram(
+                "sglang_edgeacc_prefill_message_bytes",
+                "Size of one prefill batch as sent to the prefill side.",
+                names, buckets=(1e3, 4e3, 16e3, 64e3, 256e3, 1e6, 4e6, 16e6, 64e6),
             ).labels(**labels),
             "batches": Counter(
                 "sglang_edgeacc_prefill_batches", "Prefill batches run by the prefill side.", names
@@ -61,6 +67,11 @@ class EdgeAccStats:
             self._prometheus["handoff"].observe(seconds)
             self._prometheus["batches"].inc()
             self._prometheus["prefill_batch_size"].set(batch_size)
+
+    def record_message(self, nbytes: int) -> None:
+        self.last_message_bytes = nbytes
+        if self._prometheus:
+            self._prometheus["message_bytes"].observe(nbytes)
 
     def record_queues(self, waiting: int, running: int) -> None:
         if self._prometheus:

@@ -12,6 +12,7 @@ tokens. It never allocates, frees or schedules.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -25,7 +26,7 @@ from sglang_edgeacc.edge_acc_server.adaptive import AdaptiveSplit
 from sglang_edgeacc.flags import get_flags
 from sglang_edgeacc.edge_acc.tensor_share import import_tensors
 from sglang_edgeacc.edge_acc_server import roles
-from sglang_edgeacc.edge_acc_server.batch_codec import LocalObjects, decode_batch
+from sglang_edgeacc.edge_acc_server.batch_codec import LocalObjects, unpack_prefill_batch
 from sglang_edgeacc.edge_acc_server.channel import SideChannel
 from sglang_edgeacc.edge_acc_server.child_failure import die_with_decode_side
 from sglang_edgeacc.edge_acc_server.group_consensus import all_ranks_agree
@@ -36,7 +37,7 @@ from sglang_edgeacc.edge_acc_server.messages import (
     SharedState,
     Shutdown,
 )
-from sglang_edgeacc.edge_acc_server.shared_state import WEIGHT_PREFIX, adopt_shared_state
+from sglang_edgeacc.edge_acc_server.shared_state import WEIGHT_PREFIX, verify_shared_state
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,14 @@ def pending_kv_buffers() -> list | None:
     return [_pending_import[name] for name in _pending_state.kv_buffer_names]
 
 
+def pending_req_to_token():
+    if _pending_import is None:
+        return None
+    from sglang_edgeacc.edge_acc_server.shared_state import REQ_TO_TOKEN
+
+    return _pending_import[REQ_TO_TOKEN]
+
+
 def _decode_side_alive(decode_pid: int) -> bool:
     return os.getppid() == decode_pid
 
@@ -104,10 +113,13 @@ class PrefillSideMixin:
         if os.environ.get(FAIL_START_ENV) == "1":
             raise RuntimeError(f"[edgeacc prefill] test fault: {FAIL_START_DP_RANK_ENV} names this DP rank")
 
+    def _edge_prefill_verify(self) -> None:
+        """Once the worker is built: its weights, KV pool and every reader of req_to_token are shared."""
+        verify_shared_state(self.tp_worker.model_runner, self._edge_imported, self._edge_state)
+
     def _edge_prefill_adopt(self) -> None:
-        """After the pools exist: check they are the decode side's memory, adopt req_to_token."""
+        """After the pools exist, before attention backends and graphs: fences and the SM split."""
         runner = self.tp_worker.model_runner
-        adopt_shared_state(runner, self._edge_imported, self._edge_state)
         self._edge_read_fence = ReadFence(runner.device)
         self._edge_green_stream = None
         self._edge_split = None
@@ -135,6 +147,7 @@ class PrefillSideMixin:
             token_to_kv_pool=runner.token_to_kv_pool,
             token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator,
             model_config=runner.model_config,
+            tokenizer=self.tokenizer,
         )
 
     def event_loop_edge_acc_prefill(self) -> None:
@@ -182,7 +195,7 @@ class PrefillSideMixin:
             if work is None and skip_idle_sync:
                 time.sleep(ALL_IDLE_SLEEP_S)
                 continue
-            batch = None if work is None else self._edge_decode_work(work, local)
+            batch = None if work is None else self._edge_unpack_work(work, local)
             batch = self.dp_attn_adapter.prepare_mlp_sync_batch(batch)
             if batch is None:
                 time.sleep(ALL_IDLE_SLEEP_S)
@@ -194,9 +207,9 @@ class PrefillSideMixin:
                 continue
             self._edge_serve(work, local, batch=batch)
 
-    def _edge_decode_work(self, work: PrefillWork, local: LocalObjects):
+    def _edge_unpack_work(self, work: PrefillWork, local: LocalObjects):
         assert isinstance(work, PrefillWork), type(work)
-        return decode_batch(work.batch, local)
+        return unpack_prefill_batch(work.batch, local)
 
     def _edge_serve(self, work: PrefillWork, local: LocalObjects, batch=None) -> None:
         try:
@@ -211,10 +224,13 @@ class PrefillSideMixin:
     def _edge_run_prefill(self, work: PrefillWork, local: LocalObjects, batch=None) -> PrefillResult:
         start = time.perf_counter()
         if batch is None:
-            batch = self._edge_decode_work(work, local)
+            batch = self._edge_unpack_work(work, local)
         stream = self._edge_green_stream.stream if self._edge_green_stream is not None else None
         if self._edge_split is not None:
             stream = self._edge_split.stream_for(work)
+        if stream is not None:
+            # The batch's tensors were built on the schedule stream.
+            stream.wait_stream(torch.cuda.current_stream(stream.device))
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             if work.written is not None:
                 self._edge_read_fence.wait(work.written, stream)
@@ -223,17 +239,29 @@ class PrefillSideMixin:
                 # With overlap on, the worker defers sampling for grammar batches
                 # to the scheduler; here it is due at once.
                 result.delay_sample_func()
-        # .tolist() synchronises the host with the forward: the KV this batch wrote
-        # into the shared pool is complete before the reply is sent.
-        next_token_ids = result.next_token_ids.tolist()
+            reply = self._edge_prefill_reply(work, batch, result)
         if self._edge_split is not None:
             self._edge_split.observe(work, (time.perf_counter() - start) * 1e3, batch.extend_num_tokens or 0)
+        return dataclasses.replace(reply, forward_ms=(time.perf_counter() - start) * 1e3)
+
+    def _edge_prefill_reply(self, work: PrefillWork, batch, result) -> PrefillResult:
+        """The first tokens and logprobs on the host, read on the stream the forward ran on.
+
+        The device-to-host copies wait for the forward's sampling, and the host for
+        the copies: the KV this batch wrote into the shared pool is complete before
+        the reply leaves, also when the forward ran on a green-context stream.
+        """
+        next_token_ids = result.next_token_ids.tolist()
+        logits_output = result.logits_output
+        if logits_output is not None:
+            # Input logprobs copied out of graph storage finish behind an event,
+            # which cannot cross processes.
+            logits_output.finalize_input_logprobs()
         return PrefillResult(
             seq=work.seq,
             next_token_ids=next_token_ids,
-            logits_output=_host_logits_output(result.logits_output, batch.return_logprob,
-                                              batch.return_hidden_states),
-            forward_ms=(time.perf_counter() - start) * 1e3,
+            logits_output=host_logits_output(logits_output, batch.return_logprob, batch.return_hidden_states),
+            forward_ms=0.0,
         )
 
 
@@ -250,18 +278,24 @@ def runner_gpu(runner) -> torch.device:
     return device
 
 
-def _host_logits_output(logits_output, return_logprob: bool, return_hidden_states: bool):
-    """The part of the logits output the decode side's result processing reads, on the host."""
+def host_logits_output(logits_output, return_logprob: bool, return_hidden_states: bool):
+    """The part of the logits output the decode side's result processing reads, on the host.
+
+    Tensors move to the host; device-side synchronisation objects (events,
+    streams) are process-local and are dropped.
+    """
     if logits_output is None:
         return None
     import dataclasses
 
-    if not (return_logprob or return_hidden_states):
-        return dataclasses.replace(logits_output, next_token_logits=None, hidden_states=None)
     moved = {}
     for f in dataclasses.fields(logits_output):
         value = getattr(logits_output, f.name)
-        if isinstance(value, torch.Tensor):
+        if _is_device_sync_object(value):
+            moved[f.name] = None
+        elif not (return_logprob or return_hidden_states):
+            continue
+        elif isinstance(value, torch.Tensor):
             moved[f.name] = value.cpu()
         elif isinstance(value, list):
             moved[f.name] = [v.cpu() if isinstance(v, torch.Tensor) else v for v in value]
@@ -269,3 +303,9 @@ def _host_logits_output(logits_output, return_logprob: bool, return_hidden_state
     if not return_hidden_states:
         moved["hidden_states"] = None
     return dataclasses.replace(logits_output, **moved)
+
+
+def _is_device_sync_object(value) -> bool:
+    kinds = tuple(t for t in (getattr(torch.cuda, "Event", None), getattr(torch.cuda, "Stream", None),
+                              getattr(torch, "Event", None), getattr(torch, "Stream", None)) if isinstance(t, type))
+    return isinstance(value, kinds)

@@ -70,6 +70,8 @@ class EdgeAccScheduler(PrefillSideMixin, DecodeSideMixin, Scheduler):
 
     def init_model_worker(self):
         super().init_model_worker()
+        if self.edge_acc_role == roles.PREFILL:
+            self._edge_prefill_verify()
         if self.edge_acc_role == roles.DECODE:
             # After the worker is complete: its TP group picks the prefill sides' ports.
             self._edge_decode_start_prefill_side()

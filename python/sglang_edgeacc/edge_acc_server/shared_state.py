@@ -3,16 +3,17 @@
 Exported once, after the decode side's pools exist: every parameter and buffer
 of the model, the KV buffers (upstream's own ``[*k_buffer, *v_buffer]`` order,
 the order ``MHATokenToKVPool._assign_post_capture_tensors`` maps back), and
-``req_to_token``. The prefill side builds its model and pools like any scheduler
-and then points them at the decode side's memory, so both sides read and write
-the same weights, KV slots and request table.
+``req_to_token``. The prefill side builds its model and pools like any scheduler,
+on the decode side's memory (``patches.edge_acc``), so both sides read and write
+the same weights, KV slots and request table; :func:`verify_shared_state` checks it.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 
-import logging
+import torch
 
 from sglang_edgeacc.edge_acc.tensor_share import ImportedTensors, export_tensors, module_tensors
 from sglang_edgeacc.edge_acc_server.messages import SharedState
@@ -56,13 +57,12 @@ def export_model_runner_state(model_runner) -> SharedState:
     )
 
 
-def adopt_shared_state(model_runner, imported: ImportedTensors, state: SharedState) -> None:
-    """Check the prefill side's model and KV pool are built on the decode side's memory; adopt req_to_token.
+def verify_shared_state(model_runner, imported: ImportedTensors, state: SharedState) -> None:
+    """Check the prefill side's model, KV pool and request table are the decode side's memory.
 
-    The model and the KV buffers were built around the shared tensors (see
-    ``shared_weights_loader`` and ``patches.edge_acc``); this verifies it, so a
-    future upstream change that bypasses those hooks fails here, not as silent
-    divergence. ``req_to_token`` is small and is swapped in place.
+    All three were built around the shared tensors (see ``shared_weights_loader``
+    and ``patches.edge_acc``); this verifies it, so a future upstream change that
+    bypasses those hooks fails at start, not as silent divergence.
     """
     # Tied weights (lm_head = embed_tokens) are bound under either name, so a
     # parameter may sit on any imported mapping of that memory.
@@ -77,7 +77,26 @@ def adopt_shared_state(model_runner, imported: ImportedTensors, state: SharedSta
             "EdgeAcc: the prefill side's KV pool is not the decode side's memory "
             f"({len(local)} local vs {len(shared)} shared buffers)"
         )
-    req_to_token = imported[REQ_TO_TOKEN]
-    if req_to_token.shape != model_runner.req_to_token_pool.req_to_token.shape:
-        raise RuntimeError("EdgeAcc: req_to_token shapes differ between the two sides")
-    model_runner.req_to_token_pool.req_to_token = req_to_token
+    shared_table = imported[REQ_TO_TOKEN]
+    for owner, table in request_table_readers(model_runner):
+        if table is None or table.data_ptr() != shared_table.data_ptr():
+            raise RuntimeError(
+                f"EdgeAcc: the prefill side's {owner} reads a private req_to_token, not the decode side's; "
+                "its KV reads would miss every prefix the decode side wrote"
+            )
+
+
+def request_table_readers(model_runner) -> list[tuple[str, object]]:
+    """Everything on a model runner that holds its own reference to ``req_to_token``.
+
+    Upstream hands the table to the KV index translator when the pool is built and
+    to the attention backends when they are; each keeps the tensor it was given.
+    """
+    readers = [("req_to_token_pool", model_runner.req_to_token_pool.req_to_token)]
+    translator = getattr(model_runner, "kv_index_translator", None)
+    if translator is not None:
+        readers.append(("kv_index_translator", getattr(translator, "req_to_token", None)))
+    backend = getattr(model_runner, "attn_backend", None)
+    if backend is not None and isinstance(getattr(backend, "req_to_token", None), torch.Tensor):
+        readers.append((f"attention backend {type(backend).__name__}", backend.req_to_token))
+    return readers

@@ -6,8 +6,10 @@ spawns its schedulers with that environment): upstream's ``Scheduler`` is
 REPLACEd by :class:`EdgeAccScheduler`; on the prefill side, the KV pool sizing
 step returns the decode side's sizes instead of profiling free memory, the
 model loader builds the model on the meta device and binds the decode side's
-weights, and the MHA KV pool takes the decode side's buffers instead of
-allocating: the prefill side holds no second copy of weights or KV.
+weights, the MHA KV pool takes the decode side's buffers instead of
+allocating, and the request-to-token pool takes the decode side's table as it
+is built (before the KV index translator, the attention backends and the CUDA
+graphs capture it): the prefill side holds no second copy of weights or KV.
 Every other launch never loads this patch.
 """
 
@@ -20,6 +22,7 @@ SCHEDULER = "sglang.srt.managers.scheduler"
 CONFIGURATOR = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator"
 LOADER = "sglang.srt.model_loader.loader"
 KV_POOL = "sglang.srt.mem_cache.memory_pool.MHATokenToKVPool"
+REQ_TO_TOKEN_POOL = "sglang.srt.mem_cache.memory_pool.ReqToTokenPool"
 
 
 def _around_resolve_memory_pool_config(original, self, pre_model_load_memory):
@@ -57,6 +60,25 @@ def _around_create_kv_buffers(original, self):
     self._assign_post_capture_tensors(shared)
 
 
+def _around_req_to_token_pool_init(original, self, *args, **kwargs):
+    from sglang_edgeacc.edge_acc_server.prefill_side import pending_req_to_token
+    from sglang_edgeacc.edge_acc_server.roles import is_prefill_side
+
+    original(self, *args, **kwargs)
+    shared = pending_req_to_token() if is_prefill_side() else None
+    if shared is None:
+        return
+    private = self.req_to_token
+    if shared.shape != private.shape or shared.dtype != private.dtype:
+        raise RuntimeError(
+            f"EdgeAcc: the prefill side's req_to_token {tuple(private.shape)} {private.dtype} does not match the "
+            f"decode side's {tuple(shared.shape)} {shared.dtype}; both sides must size their pools alike"
+        )
+    # Before anything captures the table (the KV index translator, attention
+    # backends, CUDA graphs): they must all read the rows the decode side writes.
+    self.req_to_token = shared
+
+
 def _install() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
@@ -68,6 +90,7 @@ def _install() -> None:
     )
     HookRegistry.register(f"{LOADER}.get_model_loader", _around_get_model_loader, HookType.AROUND)
     HookRegistry.register(f"{KV_POOL}._create_buffers_normal", _around_create_kv_buffers, HookType.AROUND)
+    HookRegistry.register(f"{REQ_TO_TOKEN_POOL}.__init__", _around_req_to_token_pool_init, HookType.AROUND)
 
 
 PATCH = Patch(
@@ -101,6 +124,9 @@ PATCH = Patch(
         Target("sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation"),
         Target(f"{KV_POOL}._assign_post_capture_tensors", params=("self", "tensors")),
         Target(f"{KV_POOL}._create_buffers_normal", params=("self",)),
+        Target(f"{REQ_TO_TOKEN_POOL}.__init__", params=("self", "size", "max_context_len", "device",
+                                                        "enable_memory_saver")),
+        Target("sglang.srt.model_executor.model_runner.ModelRunner.init_kv_index_translator", params=("self",)),
         Target(f"{LOADER}.get_model_loader", params=("load_config", "model_config")),
         Target(f"{LOADER}.BaseModelLoader"),
         Target(f"{LOADER}._initialize_model", params=("model_config", "load_config", "quant_config")),

@@ -1,0 +1,310 @@
+"""EdgeAcc against upstream sglang in the real server, with upstream's own ``bench_serving``.
+
+Each arm is one server launch (plain sglang, plain sglang at another chunk size,
+EdgeAcc with its defaults, EdgeAcc at another split), started alone on the GPU
+and measured on the same workloads with ``python -m sglang.bench_serving``
+(``random-ids`` prompts of exact lengths, streaming, ``ignore_eos``): total
+throughput, TTFT and ITL percentiles and the worst inter-token gap. Before the
+workloads, each arm runs the GPU server suite's fingerprint (greedy outputs)
+so the comparison also says whether EdgeAcc answered as upstream did.
+
+    # GPU host, from the repository root, MPS daemon up (EDGEACC_SUITE_MPS_PIPE names its pipe dir):
+    source .gpu-bundle/env.sh && python3 benchmarks/serving_vs_upstream.py --out $OUT/bench.json \\
+        --arms upstream,edgeacc --workloads burst,long_out
+
+    python benchmarks/serving_vs_upstream.py --report a.json b.json   # merge runs, print the ratio table
+
+The model is Qwen3-8B-shaped with dummy weights and a production-sized
+(151,936-entry) tokenizer (``tests/serving_models.py``). ``--platform cpu
+--dry-run`` runs every step on the CPU platform with the tiny model and tiny
+workloads, to check the script itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+HERE = pathlib.Path(__file__).resolve()
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+sys.path.insert(0, str(ROOT / "python"))
+
+from harness import SglangServer  # noqa: E402
+import serving_models  # noqa: E402
+
+COMMON_ARGS = ("--mem-fraction-static", "0.6", "--cuda-graph-max-bs-decode", "128")
+
+# name -> (flags, uses MPS)
+ARMS: dict[str, tuple[tuple[str, ...], bool]] = {
+    "upstream": ((), False),
+    "upstream-c2048": (("--chunked-prefill-size", "2048"), False),
+    "upstream-c4096": (("--chunked-prefill-size", "4096"), False),
+    "upstream-c1024": (("--chunked-prefill-size", "1024"), False),
+    "edgeacc": (("--enable-edge-acc",), True),
+    "edgeacc-p100": (("--enable-edge-acc", "--edge-acc-prefill-sm-percent", "100"), True),
+    "edgeacc-p100-normal": (("--enable-edge-acc", "--edge-acc-prefill-sm-percent", "100",
+                             "--edge-acc-prefill-mps-priority", "normal"), True),
+    "edgeacc-p90": (("--enable-edge-acc", "--edge-acc-prefill-sm-percent", "90"), True),
+    "edgeacc-p80": (("--enable-edge-acc", "--edge-acc-prefill-sm-percent", "80"), True),
+    "edgeacc-p60": (("--enable-edge-acc", "--edge-acc-prefill-sm-percent", "60"), True),
+    "edgeacc-none": (("--enable-edge-acc", "--edge-acc-sm-partition", "none"), False),
+    "edgeacc-adaptive": (("--enable-edge-acc", "--edge-acc-sm-partition", "adaptive"), True),
+}
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompts: int
+    input_len: int
+    output_len: int
+    concurrency: int | None = None  # None: all at once (closed loop at the rate)
+    rate: float | None = None  # requests/s, Poisson; None: as fast as the concurrency allows
+
+
+WORKLOADS: dict[str, Workload] = {
+    "burst": Workload(128, 2048, 128, concurrency=64),
+    "long_out": Workload(128, 2048, 512, concurrency=128),
+    # The reference deployment's shape (~2860 in / ~2180 out, 128 concurrent), fewer prompts so the
+    # KV pool holds them all at once.
+    "reference": Workload(64, 2860, 2180, concurrency=128),
+    "open_4": Workload(64, 2048, 128, rate=4.0),
+    "open_8": Workload(64, 2048, 128, rate=8.0),
+    "open_16": Workload(64, 2048, 128, rate=16.0),
+}
+DRY_WORKLOADS = {name: Workload(4, 64, 8, concurrency=w.concurrency and 2, rate=w.rate) for name, w in WORKLOADS.items()}
+
+METRICS = ("total_throughput", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms", "max_itl_ms")
+
+
+def bench_argv(url: str, model: str, w: Workload, out_file: str) -> list[str]:
+    """``python -m sglang.bench_serving`` arguments for one workload."""
+    argv = [
+        "--backend", "sglang", "--base-url", url,
+        "--model", model, "--tokenizer", model, "--dataset-name", "random-ids", "--tokenize-prompt",
+        "--random-input-len", str(w.input_len), "--random-output-len", str(w.output_len),
+        "--random-range-ratio", "1.0", "--num-prompts", str(w.prompts), "--seed", "1",
+        "--output-file", out_file, "--output-details", "--disable-tqdm",
+    ]
+    argv += ["--request-rate", str(w.rate if w.rate else "inf")]
+    if w.concurrency:
+        argv += ["--max-concurrency", str(w.concurrency)]
+    return argv
+
+
+def bench_serving_many(runs: list[list[str]]) -> None:
+    """Run upstream's bench_serving once per argument list, in this process (its imports cost once)."""
+    from sglang.benchmark.serving import cli_main
+
+    for argv in runs:
+        sys.argv = ["sglang.bench_serving", *argv]
+        try:
+            cli_main()
+        except SystemExit:
+            pass
+        except Exception as exc:  # noqa: BLE001 - the caller sees a missing result file
+            print(f"bench_serving failed: {type(exc).__name__}: {exc}", flush=True)
+
+
+def run_workloads(server: SglangServer, model: str, workloads: dict[str, Workload], log_dir: pathlib.Path) -> dict:
+    files = {name: str(log_dir / f"bench_{name}_{server.port}.jsonl") for name in workloads}
+    runs = [bench_argv(server.url, model, w, files[name]) for name, w in workloads.items()]
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, str(HERE), "--bench-serving-runs", json.dumps(runs)],
+                          capture_output=True, text=True, timeout=900)
+    (log_dir / f"bench_serving_{server.port}.log").write_text(proc.stdout[-200_000:] + proc.stderr[-200_000:])
+    results = {}
+    for name in workloads:
+        if not os.path.exists(files[name]):
+            results[name] = {"error": (proc.stdout[-1500:] + proc.stderr[-2500:])}
+            continue
+        with open(files[name]) as fh:
+            result = json.loads(fh.read().strip().splitlines()[-1])
+        picked = {k: result.get(k) for k in (*METRICS, "completed", "duration", "total_output_tokens")}
+        gaps = [g for itls in result.get("itls") or [] for g in (itls or [])]
+        picked["max_itl_ms"] = max(gaps) * 1000 if gaps else None
+        picked["errors"] = sum(1 for e in result.get("errors") or [] if e)
+        results[name] = picked
+    print(f"[bench] workloads took {time.monotonic() - started:.0f} s", flush=True)
+    return results
+
+
+def gpu_memory_by_pid() -> dict[int, int]:
+    """MiB of GPU memory per process, from nvidia-smi (empty where it is missing)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    usage = {}
+    for line in out.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+            usage[int(parts[0])] = int(parts[1])
+    return usage
+
+
+def server_memory(server: SglangServer) -> dict[str, int]:
+    """GPU MiB of each scheduler of the server, by process title."""
+    usage = gpu_memory_by_pid()
+    found = {}
+    for proc in server.descendants():
+        try:
+            title = " ".join(proc.cmdline())[:80] or proc.name()
+        except Exception:  # noqa: BLE001 - a process may end while listed
+            continue
+        if proc.pid in usage:
+            found[title] = usage[proc.pid]
+    return found
+
+
+def run_arm(arm: str, platform: str, model: str, dummy: bool, workloads: dict[str, Workload],
+            log_dir: pathlib.Path, fingerprint_vocab: int) -> dict:
+    from server_suite import fingerprint  # tests/gpu/server_suite.py
+
+    flags, uses_mps = ARMS[arm]
+    common = COMMON_ARGS if platform == "cuda" else ()
+    env = {}
+    if uses_mps and platform == "cuda" and os.environ.get("EDGEACC_SUITE_MPS_PIPE"):
+        env = {"CUDA_MPS_PIPE_DIRECTORY": os.environ["EDGEACC_SUITE_MPS_PIPE"],
+               "CUDA_MPS_LOG_DIRECTORY": os.environ.get("EDGEACC_SUITE_MPS_LOG", os.environ["EDGEACC_SUITE_MPS_PIPE"])}
+    server = SglangServer(args=(*common, *flags), model_path=model, platform=platform, dummy_weights=dummy,
+                          env=env, startup_timeout_s=420)
+    entry: dict = {"flags": [*common, *flags]}
+    try:
+        server.start()
+        entry["started_s"] = round(server.started_s, 1)
+        print(f"[bench] {arm}: healthy after {server.started_s:.0f} s", flush=True)
+        entry["fingerprint"] = fingerprint(server, fingerprint_vocab, sensitive=False)
+        entry["gpu_mib"] = server_memory(server)
+        entry["workloads"] = run_workloads(server, model, workloads, log_dir)
+        for name, r in entry["workloads"].items():
+            print(f"[bench] {arm}/{name}: {json.dumps(r)[:300]}", flush=True)
+    except Exception as exc:  # noqa: BLE001 - recorded, the next arm still runs
+        entry["error"] = f"{type(exc).__name__}: {exc}"[-3000:]
+    finally:
+        server.stop()
+        (log_dir / f"server_{arm}.log").write_text(server.log_tail(300_000))
+    return entry
+
+
+# ----------------------------------------------------------------- report
+def _better(metric: str, a: float, b: float) -> bool:
+    return a > b if metric == "total_throughput" else a < b
+
+
+def best_upstream(arms: dict, workload: str) -> str | None:
+    """Upstream's honest competitor on a workload: the lowest ITL p99 among the upstream arms
+    whose throughput is within 5 % of the best upstream throughput there."""
+    ups = {a: e["workloads"][workload] for a, e in arms.items() if a.startswith("upstream")
+           and "error" not in e.get("workloads", {}).get(workload, {"error": 1})}
+    if not ups:
+        return None
+    top = max(r["total_throughput"] for r in ups.values())
+    eligible = {a: r for a, r in ups.items() if r["total_throughput"] >= 0.95 * top}
+    return min(eligible, key=lambda a: eligible[a]["p99_itl_ms"])
+
+
+def ratio_table(arms: dict) -> str:
+    workloads = sorted({w for e in arms.values() for w in e.get("workloads", {})},
+                       key=lambda w: list(WORKLOADS).index(w) if w in WORKLOADS else 99)
+    lines = []
+    for w in workloads:
+        base = arms.get("upstream", {}).get("workloads", {}).get(w)
+        best = best_upstream(arms, w)
+        lines.append(f"\n### {w}: {WORKLOADS.get(w)}")
+        lines.append("| arm | tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | ITL max ms "
+                     "| vs upstream (tok/s, TTFT p50, ITL p99, ITL max) | vs best upstream (" + str(best) + ") |")
+        lines.append("|---|---|---|---|---|---|---|---|---|")
+        for arm, entry in arms.items():
+            r = entry.get("workloads", {}).get(w)
+            if not r or "error" in r or r.get("max_itl_ms") is None:
+                lines.append(f"| {arm} | error | | | | | | | |")
+                continue
+
+            def ratios(ref):
+                if not ref or "error" in ref:
+                    return "-"
+                return ", ".join(f"{r[m] / ref[m]:.2f}x" if ref[m] else "-"
+                                 for m in ("total_throughput", "median_ttft_ms", "p99_itl_ms", "max_itl_ms"))
+            best_ref = arms[best]["workloads"][w] if best else None
+            lines.append(f"| {arm} | {r['total_throughput']:.0f} | {r['median_ttft_ms']:.0f} | {r['p99_ttft_ms']:.0f} "
+                         f"| {r['median_itl_ms']:.1f} | {r['p99_itl_ms']:.1f} | {r['max_itl_ms']:.1f} "
+                         f"| {ratios(base)} | {ratios(best_ref)} |")
+    return "\n".join(lines)
+
+
+def outputs_table(arms: dict) -> str:
+    from server_suite import compare
+
+    ref = arms.get("upstream", {}).get("fingerprint")
+    lines = []
+    for arm, entry in arms.items():
+        fp = entry.get("fingerprint")
+        if arm == "upstream" or ref is None or fp is None:
+            continue
+        problems = compare(ref, fp)
+        lines.append(f"- {arm}: greedy outputs {'equal upstream' if not problems else 'DIFFER: ' + '; '.join(problems)[:400]}")
+    starts = ", ".join(f"{a} {e.get('started_s', '-')} s" for a, e in arms.items())
+    lines.append(f"- start to healthy: {starts}")
+    return "\n".join(lines)
+
+
+def report(paths: list[str]) -> str:
+    arms: dict = {}
+    for path in paths:
+        arms.update(json.loads(pathlib.Path(path).read_text())["arms"])
+    return ratio_table(arms) + "\n\n" + outputs_table(arms)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arms", default="upstream,edgeacc")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--platform", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--dry-run", action="store_true", help="tiny model and tiny workloads (checks the script)")
+    parser.add_argument("--out", default="")
+    parser.add_argument("--workdir", default="")
+    parser.add_argument("--report", nargs="*", help="print the table of earlier --out files and exit")
+    parser.add_argument("--bench-serving-runs", help=argparse.SUPPRESS)  # internal: one process per arm
+    args = parser.parse_args(argv)
+    if args.bench_serving_runs:
+        bench_serving_many(json.loads(args.bench_serving_runs))
+        return 0
+    if args.report:
+        print(report(args.report))
+        return 0
+    unknown = [a for a in args.arms.split(",") if a not in ARMS]
+    if unknown:
+        parser.error(f"unknown arms {unknown}; known: {sorted(ARMS)}")
+    table = DRY_WORKLOADS if args.dry_run else WORKLOADS
+    workloads = {w: table[w] for w in args.workloads.split(",") if w}
+    workdir = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="edgeacc-bench-"))
+    out = pathlib.Path(args.out) if args.out else workdir / "bench.json"
+    log_dir = out.parent / "bench_logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    if args.platform == "cpu":
+        os.environ.setdefault("SGLANG_PLATFORM", "edgeacc_cpu")
+    if args.dry_run:
+        model, dummy, vocab = str(serving_models.tiny_model_with_production_tokenizer(workdir / "tiny-prod-tok")), True, 500
+    else:
+        model, dummy, vocab = str(serving_models.qwen3_8b_shaped_model(workdir / "qwen3-8b")), True, 151000
+    results = {"platform": args.platform, "model": model, "common_args": list(COMMON_ARGS), "arms": {}}
+    for arm in args.arms.split(","):
+        results["arms"][arm] = run_arm(arm, args.platform, model, dummy, workloads, log_dir, vocab)
+        out.write_text(json.dumps(results, indent=1))
+    print(ratio_table(results["arms"]))
+    print(outputs_table(results["arms"]))
+    return 0 if all("error" not in e for e in results["arms"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The real-server GPU runs in one device call, under a private MPS control daemon that is always stopped.
+#
+#   source .gpu-bundle/env.sh && OUT=/tmp/out bash tests/gpu/on_device.sh STEP [STEP ...]
+#
+# Steps (run in order, each under its own time limit):
+#   suite[:FAMILIES]              tests/gpu/server_suite.py (FAMILIES comma-separated, default all)
+#   bench:ARMS[:WORKLOADS]        benchmarks/serving_vs_upstream.py, ARMS/WORKLOADS comma-separated
+#   faults                        tests/gpu/server_faults.py
+#   mps-priority                  benchmarks/latency_physics.py, prefill side at normal and below-normal priority
+#
+# EdgeAcc servers are MPS clients of the daemon (EDGEACC_SUITE_MPS_PIPE names its pipe directory);
+# plain sglang servers are not. Results: $OUT/*.json, $OUT/summary.txt, all logs in $OUT/logs.tgz
+# (the device tool returns at most 8 files).
+set -u
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/edgeacc-out}
+mkdir -p "$OUT"
+WORK=/tmp/edgeacc-device-work
+mkdir -p "$WORK/logs"
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+STEP_LIMIT_S=${STEP_LIMIT_S:-560}
+
+MPS_ROOT=/tmp/edgeacc-mps-$$
+export EDGEACC_SUITE_MPS_PIPE=$MPS_ROOT/pipe EDGEACC_SUITE_MPS_LOG=$MPS_ROOT/log
+mkdir -p "$EDGEACC_SUITE_MPS_PIPE" "$EDGEACC_SUITE_MPS_LOG"
+
+stopped=0
+finish() {
+  [ "$stopped" = 1 ] && return 0
+  stopped=1
+  # Servers are started in their own sessions by the harness, which stops them; anything left goes now.
+  pkill -9 -f "sglang.launch_server" 2>/dev/null
+  echo quit | CUDA_MPS_PIPE_DIRECTORY=$EDGEACC_SUITE_MPS_PIPE timeout 30 nvidia-cuda-mps-control >/dev/null 2>&1
+  sleep 2
+  if pgrep -f nvidia-cuda-mps >/dev/null 2>&1; then
+    echo "MPS: still running after quit: $(pgrep -af nvidia-cuda-mps | tr '\n' ';')" | tee -a "$SUMMARY"
+  else
+    echo "MPS: stopped, no nvidia-cuda-mps process left" | tee -a "$SUMMARY"
+  fi
+  cp "$EDGEACC_SUITE_MPS_LOG/control.log" "$WORK/logs/mps_control.log" 2>/dev/null
+  tar czf "$OUT/logs.tgz" -C "$WORK" logs 2>/dev/null
+}
+trap finish EXIT INT TERM
+
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --format=csv
+  python3 -c 'import torch, sys; print(sys.version.split()[0], "torch", torch.__version__, "sms", torch.cuda.get_device_properties(0).multi_processor_count)'
+} >"$WORK/logs/env.txt" 2>&1
+
+CUDA_MPS_PIPE_DIRECTORY=$EDGEACC_SUITE_MPS_PIPE CUDA_MPS_LOG_DIRECTORY=$EDGEACC_SUITE_MPS_LOG nvidia-cuda-mps-control -d
+sleep 1
+[ -e "$EDGEACC_SUITE_MPS_PIPE/control" ] && echo "MPS: daemon up" | tee -a "$SUMMARY" || echo "MPS: daemon did NOT start" | tee -a "$SUMMARY"
+
+run_step() {  # name, limit, command...
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  timeout -k 15 "$limit" "$@" >"$WORK/logs/$name.log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc ($((SECONDS - t0)) s)" | tee -a "$SUMMARY"
+  tail -n 40 "$WORK/logs/$name.log" >>"$SUMMARY"
+}
+
+i=0
+for step in "$@"; do
+  i=$((i + 1))
+  IFS=: read -r kind a b <<<"$step"
+  case $kind in
+    suite)
+      run_step "suite$i" "$STEP_LIMIT_S" python3 tests/gpu/server_suite.py --out "$OUT/suite$i.json" \
+        --workdir "$WORK/models" ${a:+--families "$a"} ;;
+    bench)
+      run_step "bench$i" "$STEP_LIMIT_S" python3 benchmarks/serving_vs_upstream.py --out "$OUT/bench$i.json" \
+        --workdir "$WORK/models" --arms "$a" ${b:+--workloads "$b"} ;;
+    faults)
+      run_step "faults$i" "$STEP_LIMIT_S" python3 tests/gpu/server_faults.py --out "$OUT/faults$i.json" \
+        --workdir "$WORK/models" ;;
+    mps-priority)
+      run_step "mps_priority$i" 200 env CUDA_MPS_PIPE_DIRECTORY="$EDGEACC_SUITE_MPS_PIPE" \
+        CUDA_MPS_LOG_DIRECTORY="$EDGEACC_SUITE_MPS_LOG" PYTHONPATH=python python3 benchmarks/latency_physics.py \
+        --device cuda:0 --chunks 2048 --no-graphed-chunks --mps-shares 75,90,100 \
+        --prefill-priorities normal,below-normal --seconds 4 --out "$WORK/logs"
+      cp "$WORK/logs/latency_physics.json" "$OUT/mps_priority$i.json" 2>/dev/null ;;
+    *) echo "unknown step $step" | tee -a "$SUMMARY" ;;
+  esac
+  # Suite and benchmark logs live beside their JSON; keep them in the tarball, not as separate files.
+  for d in "$OUT"/suite_logs "$OUT"/bench_logs "$OUT"/faults_logs; do
+    [ -d "$d" ] && { mkdir -p "$WORK/logs/$(basename "$d")$i"; mv "$d"/* "$WORK/logs/$(basename "$d")$i/" 2>/dev/null; rmdir "$d"; }
+  done
+done
+cat "$SUMMARY"

@@ -1,0 +1,307 @@
+"""The GPU server suite: EdgeAcc's greedy outputs against plain sglang's, in the real server.
+
+Each *family* is one set of launch flags; in it, a plain sglang server and one
+EdgeAcc server per SM mode run the same fixed workload (:func:`fingerprint`),
+and every EdgeAcc result must equal plain sglang's. The tiny family serves a
+checkpoint whose outputs depend on the whole context (``serving_models``), so a
+KV cache read from the wrong slots changes the tokens; the Qwen3-8B-shaped
+family serves dummy weights at production shapes (pool, tokenizer, kernels).
+
+    # on the GPU host, MPS daemon started, from the repository root:
+    source .gpu-bundle/env.sh && python3 tests/gpu/server_suite.py --out $OUT/suite.json
+    # the same flow on the CPU platform (a subset of the arms):
+    python tests/gpu/server_suite.py --platform cpu --families tiny --out /tmp/suite.json
+
+The servers of a phase start together (each with a capped KV pool) and then run
+their workloads; ``tests/gpu/run_server_suite_on_device.sh`` runs it with its MPS
+daemon, ``tests/gpu/test_server_suite_gpu.py`` is the pytest entry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import pathlib
+import random
+import re
+import sys
+import tempfile
+import time
+import traceback
+
+import requests
+
+HERE = pathlib.Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parents[1]))  # tests/: harness, serving_models
+sys.path.insert(0, str(HERE.parents[2] / "python"))
+
+from harness import SglangServer  # noqa: E402
+import serving_models  # noqa: E402
+
+ANSWER_REGEX = "(yes|no) [0-9]{3}"
+JSON_SCHEMA = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
+LOGPROB_TOLERANCE = 2e-3
+
+# EdgeAcc arms: name -> extra flags. Plain sglang is the arm "plain" of every family.
+EDGE_ARMS = {
+    "edge-mps": ("--enable-edge-acc",),
+    "edge-none": ("--enable-edge-acc", "--edge-acc-sm-partition", "none"),
+    "edge-green": ("--enable-edge-acc", "--edge-acc-sm-partition", "green-context"),
+    "edge-adaptive": ("--enable-edge-acc", "--edge-acc-sm-partition", "adaptive"),
+}
+CPU_ARMS = ("edge-mps",)  # the CPU platform has no SMs to split: one EdgeAcc arm shows the flow
+
+
+def families(platform: str) -> dict[str, dict]:
+    tiny_pool = ("--max-total-tokens", "40000", "--mem-fraction-static", "0.3", "--max-running-requests", "32")
+    gpu = platform == "cuda"
+    all_modes = tuple(EDGE_ARMS) if gpu else CPU_ARMS
+    fams = {
+        "tiny": dict(model="tiny", args=("--chunked-prefill-size", "128", *tiny_pool), arms=all_modes),
+        "tiny-page16": dict(model="tiny", args=("--chunked-prefill-size", "128", "--page-size", "16", *tiny_pool),
+                            arms=("edge-mps",)),
+        "tiny-no-graph": dict(model="tiny", args=("--chunked-prefill-size", "128", "--disable-cuda-graph",
+                                                  *tiny_pool), arms=("edge-mps",)),
+        "tiny-no-overlap": dict(model="tiny", args=("--chunked-prefill-size", "128", "--disable-overlap-schedule",
+                                                    *tiny_pool), arms=("edge-mps",)),
+    }
+    if gpu:
+        fams["tiny-torch-compile"] = dict(
+            model="tiny", args=("--chunked-prefill-size", "128", "--enable-torch-compile",
+                                "--torch-compile-max-bs", "4", *tiny_pool), arms=("edge-mps",))
+        fams["qwen3-8b"] = dict(
+            model="qwen3-8b", args=("--chunked-prefill-size", "2048", "--max-total-tokens", "120000",
+                                    "--mem-fraction-static", "0.45", "--cuda-graph-max-bs-decode", "64"),
+            arms=("edge-mps",), phase=2)
+    return fams
+
+
+# ----------------------------------------------------------------- the workload
+def _ids(rng: random.Random, n: int, vocab: int) -> list[int]:
+    return [rng.randrange(3, vocab) for _ in range(n)]
+
+
+def _post(server, payload: dict, timeout: float = 300) -> dict:
+    response = requests.post(f"{server.url}/generate", json=payload, timeout=timeout)
+    response.raise_for_status()
+    return response.json()
+
+
+def _gen(server, ids, n=16, **extra) -> dict:
+    return server.generate(ids, max_new_tokens=n, **extra)
+
+
+def _abort_mid_stream(server, ids) -> int:
+    """Stream a long request and drop the connection after two chunks; returns the chunks seen."""
+    payload = {"input_ids": ids, "stream": True, "sampling_params": {"max_new_tokens": 400, "temperature": 0}}
+    seen = 0
+    with requests.post(f"{server.url}/generate", json=payload, stream=True, timeout=300) as response:
+        for line in response.iter_lines():
+            if line.startswith(b"data:"):
+                seen += 1
+                if seen >= 2:
+                    break
+    return seen
+
+
+def fingerprint(server, vocab: int, sensitive: bool) -> dict:
+    """Everything the comparison looks at, from one fixed workload (same seed on every server)."""
+    rng = random.Random(1234)
+    short, long = _ids(rng, 12, vocab), _ids(rng, 1000, vocab)
+    partial = long[:650] + _ids(rng, 200, vocab)
+    mid = _ids(rng, 40, vocab)
+    burst_prompts = [_ids(rng, rng.randrange(100, 600), vocab) for _ in range(8)]
+    out: dict = {}
+    out["solo_short"] = _gen(server, short)["output_ids"]
+    out["solo_long"] = _gen(server, long)["output_ids"]
+    hit = _gen(server, long)
+    out["radix_hit"] = hit["output_ids"]
+    out["radix_hit_cached"] = hit["meta_info"]["cached_tokens"] > 0
+    part = _gen(server, partial)
+    out["partial_hit"] = part["output_ids"]
+    out["partial_hit_cached"] = part["meta_info"]["cached_tokens"] >= 512
+    lp = _gen(server, mid, n=6, return_logprob=True, top_logprobs_num=3, logprob_start_len=0)["meta_info"]
+    out["logprob_tokens"] = [x[1] for x in lp["output_token_logprobs"]]
+    out["logprob_values"] = [x[0] for x in lp["output_token_logprobs"]]
+    out["logprob_top_ids"] = [[t[1] for t in x] for x in lp["output_top_logprobs"]]
+    out["input_logprob_count"] = len(lp["input_token_logprobs"])
+    out["input_logprob_values"] = [x[0] for x in lp["input_token_logprobs"] if x[0] is not None][-8:]
+    chunks = server.generate_stream(short, max_new_tokens=16)
+    out["stream_chunks_gt1"] = len(chunks) > 1
+    out["stream_final"] = chunks[-1].get("output_ids")
+    out["aborted_chunks"] = _abort_mid_stream(server, _ids(rng, 900, vocab))
+    out["after_abort_long"] = _gen(server, long)["output_ids"]
+    regex = server.generate("Answer:", max_new_tokens=12, sampling={"regex": ANSWER_REGEX})["text"]
+    out["regex_text"] = regex
+    out["regex_matches"] = bool(re.fullmatch(ANSWER_REGEX, regex))
+    out["json_text"] = server.generate("Answer:", max_new_tokens=16, sampling={"json_schema": JSON_SCHEMA})["text"]
+    with cf.ThreadPoolExecutor(len(burst_prompts)) as pool:
+        burst = list(pool.map(lambda p: _gen(server, p)["output_ids"], burst_prompts))
+    out["burst"] = burst
+    out["burst_equals_solo"] = burst == [_gen(server, p)["output_ids"] for p in burst_prompts]
+    if sensitive:
+        # The oracle guard: one changed token 50 positions back must change the answer.
+        changed = list(long)
+        changed[-50] = 3 if changed[-50] != 3 else 4
+        out["context_changes_output"] = _gen(server, changed)["output_ids"] != out["solo_long"]
+    return out
+
+
+def compare(plain: dict, edge: dict) -> list[str]:
+    """Where ``edge`` differs from ``plain`` (empty: equal)."""
+    problems = []
+    for key, expected in plain.items():
+        got = edge.get(key)
+        if key.endswith("logprob_values"):
+            if len(got or []) != len(expected) or any(abs(a - b) > LOGPROB_TOLERANCE for a, b in zip(got, expected)):
+                problems.append(f"{key}: {got} != {expected} (tolerance {LOGPROB_TOLERANCE})")
+        elif key == "aborted_chunks":
+            continue
+        elif got != expected:
+            problems.append(f"{key}: {str(got)[:300]} != {str(expected)[:300]}")
+    return problems
+
+
+def self_checks(result: dict, sensitive: bool) -> list[str]:
+    """What must hold on every server, plain included."""
+    checks = {
+        "radix_hit_cached": "the repeated long prompt did not hit the radix cache",
+        "partial_hit_cached": "the shared 650-token prefix did not hit the radix cache",
+        "stream_chunks_gt1": "streaming returned a single chunk",
+        "regex_matches": "the regex output does not match the regex",
+    }
+    problems = [why for key, why in checks.items() if not result.get(key)]
+    if result.get("stream_final") not in (None, result.get("solo_short")):
+        problems.append("the streamed tokens differ from the same request unstreamed")
+    if result.get("after_abort_long") != result.get("solo_long"):
+        problems.append("after an aborted stream the same request answers differently")
+    if not str(result.get("json_text", "")).lstrip().startswith("{"):
+        problems.append("the JSON-schema output does not start an object")
+    if sensitive and not result.get("context_changes_output"):
+        problems.append("the model ignores its context: this comparison could not see a wrong KV read")
+    return problems
+
+
+# ----------------------------------------------------------------- running
+def model_path(kind: str, workdir: pathlib.Path) -> tuple[str, bool, int, bool]:
+    """(path, dummy weights, vocab for prompts, outputs depend on context)."""
+    if kind == "tiny":
+        return str(serving_models.sensitive_tiny_model(workdir / "tiny-sensitive")), False, 537, True
+    return str(serving_models.qwen3_8b_shaped_model(workdir / "qwen3-8b")), True, 151000, False
+
+
+def _arm_env(arm: str, platform: str) -> dict[str, str]:
+    if platform != "cuda" or arm == "plain":
+        return {}
+    pipe = os.environ.get("EDGEACC_SUITE_MPS_PIPE")
+    if not pipe:
+        return {}
+    return {"CUDA_MPS_PIPE_DIRECTORY": pipe, "CUDA_MPS_LOG_DIRECTORY": os.environ.get("EDGEACC_SUITE_MPS_LOG", pipe)}
+
+
+def run_phase(fams: dict[str, dict], platform: str, workdir: pathlib.Path, log_dir: pathlib.Path) -> dict:
+    servers: dict[tuple[str, str], SglangServer] = {}
+    results: dict = {name: {"args": list(f["args"]), "arms": {}} for name, f in fams.items()}
+    for name, fam in fams.items():
+        path, dummy, _, _ = model_path(fam["model"], workdir)
+        for arm in ("plain", *fam["arms"]):
+            flags = EDGE_ARMS.get(arm, ())
+            server = SglangServer(args=(*fam["args"], *flags), model_path=path, platform=platform,
+                                  dummy_weights=dummy, env=_arm_env(arm, platform), startup_timeout_s=420)
+            servers[(name, arm)] = server.launch()
+            time.sleep(1.0)  # staggered: each measures free memory after the previous one started
+    print(f"[suite] launched {len(servers)} servers", flush=True)
+
+    def run_one(key):
+        name, arm = key
+        server = servers[key]
+        fam = fams[name]
+        _, _, vocab, sensitive = model_path(fam["model"], workdir)
+        entry: dict = {"flags": list(server.args)}
+        try:
+            server.wait_healthy()
+            entry["started_s"] = round(server.started_s, 1)
+            t0 = time.monotonic()
+            entry["result"] = fingerprint(server, vocab, sensitive)
+            entry["workload_s"] = round(time.monotonic() - t0, 1)
+            entry["self_check_problems"] = self_checks(entry["result"], sensitive)
+        except Exception:
+            entry["error"] = traceback.format_exc()[-3000:]
+            entry["log_tail"] = server.log_tail(4000)
+        print(f"[suite] {name}/{arm}: {'error' if 'error' in entry else 'done'}", flush=True)
+        return key, entry
+
+    try:
+        with cf.ThreadPoolExecutor(len(servers)) as pool:
+            for (name, arm), entry in pool.map(run_one, list(servers)):
+                results[name]["arms"][arm] = entry
+    finally:
+        for (name, arm), server in servers.items():
+            server.stop()
+            try:
+                (log_dir / f"{name}_{arm}.log").write_text(server.log_tail(200_000))
+            except OSError:
+                pass
+    for name, fam in results.items():
+        plain = fam["arms"].get("plain", {}).get("result")
+        for arm, entry in fam["arms"].items():
+            if arm == "plain":
+                entry["passed"] = plain is not None and not entry.get("self_check_problems")
+                continue
+            if plain is None or "result" not in entry:
+                entry["passed"] = False
+                continue
+            entry["mismatches"] = compare(plain, entry["result"])
+            entry["passed"] = not entry["mismatches"] and not entry.get("self_check_problems")
+    return results
+
+
+def summary_lines(results: dict) -> list[str]:
+    lines = []
+    for name, fam in results.items():
+        for arm, entry in fam["arms"].items():
+            status = "PASS" if entry.get("passed") else "FAIL"
+            detail = entry.get("mismatches") or entry.get("self_check_problems") or []
+            if "error" in entry:
+                detail = [entry["error"].strip().splitlines()[-1]]
+            lines.append(f"{status} {name}/{arm} start {entry.get('started_s', '-')} s"
+                         + (f": {'; '.join(detail)[:600]}" if detail else ""))
+    return lines
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--platform", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--families", default="", help="comma-separated family names (default: all)")
+    parser.add_argument("--out", default="", help="JSON results file")
+    parser.add_argument("--workdir", default="", help="where model directories are built (default: a temp dir)")
+    args = parser.parse_args(argv)
+    fams = families(args.platform)
+    if args.families:
+        wanted = args.families.split(",")
+        unknown = [f for f in wanted if f not in fams]
+        if unknown:
+            parser.error(f"unknown families {unknown}; known: {sorted(fams)}")
+        fams = {k: v for k, v in fams.items() if k in wanted}
+    workdir = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="edgeacc-suite-"))
+    out = pathlib.Path(args.out) if args.out else workdir / "suite.json"
+    log_dir = out.parent / "suite_logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    if args.platform == "cpu":
+        os.environ.setdefault("SGLANG_PLATFORM", "edgeacc_cpu")
+    results: dict = {}
+    for phase in sorted({f.get("phase", 1) for f in fams.values()}):
+        chosen = {k: v for k, v in fams.items() if v.get("phase", 1) == phase}
+        started = time.monotonic()
+        results.update(run_phase(chosen, args.platform, workdir, log_dir))
+        print(f"[suite] phase {phase} took {time.monotonic() - started:.0f} s", flush=True)
+    out.write_text(json.dumps(results, indent=1))
+    lines = summary_lines(results)
+    print("\n".join(lines))
+    return 0 if all(line.startswith("PASS") for line in lines) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
