@@ -78,9 +78,9 @@ for step in "$@"; do
       run_step "faults$i" "$STEP_LIMIT_S" python3 tests/gpu/server_faults.py --out "$OUT/faults$i.json" \
         --workdir "$WORK/models" ;;
     mps-priority)
-      run_step "mps_priority$i" 200 env CUDA_MPS_PIPE_DIRECTORY="$EDGEACC_SUITE_MPS_PIPE" \
+      run_step "mps_priority$i" "${MPS_PRIORITY_LIMIT_S:-150}" env CUDA_MPS_PIPE_DIRECTORY="$EDGEACC_SUITE_MPS_PIPE" \
         CUDA_MPS_LOG_DIRECTORY="$EDGEACC_SUITE_MPS_LOG" PYTHONPATH=python python3 benchmarks/latency_physics.py \
-        --device cuda:0 --chunks 2048 --no-graphed-chunks --mps-shares 75,90,100 \
+        --device cuda:0 --chunks 2048 --no-graphed-chunks --mps-shares 80,100 \
         --prefill-priorities normal,below-normal --seconds 4 --out "$WORK/logs"
       cp "$WORK/logs/latency_physics.json" "$OUT/mps_priority$i.json" 2>/dev/null ;;
     *) echo "unknown step $step" | tee -a "$SUMMARY" ;;
