@@ -55,6 +55,8 @@ ARMS: dict[str, tuple[tuple[str, ...], bool]] = {
                              "--edge-acc-prefill-mps-priority", "normal"), True),
     "edgeacc-p90": (("--enable-edge-acc", "--edge-acc-prefill-sm-percent", "90"), True),
     "edgeacc-p80": (("--enable-edge-acc", "--edge-acc-prefill-sm-percent", "80"), True),
+    "edgeacc-p80-normal": (("--enable-edge-acc", "--edge-acc-prefill-sm-percent", "80",
+                            "--edge-acc-prefill-mps-priority", "normal"), True),
     "edgeacc-p60": (("--enable-edge-acc", "--edge-acc-prefill-sm-percent", "60"), True),
     "edgeacc-none": (("--enable-edge-acc", "--edge-acc-sm-partition", "none"), False),
     "edgeacc-adaptive": (("--enable-edge-acc", "--edge-acc-sm-partition", "adaptive"), True),

@@ -22,7 +22,7 @@ ATTR = "_edge_acc"
 @dataclass(frozen=True)
 class EdgeAccFlags:
     enable_edge_acc: bool = False
-    edge_acc_prefill_sm_percent: int = 80
+    edge_acc_prefill_sm_percent: int = 100
     edge_acc_decode_sm_percent: int = 100
     edge_acc_sm_partition: str = "mps"
     edge_acc_prefill_mps_priority: str = "below-normal"

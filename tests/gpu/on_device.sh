@@ -21,6 +21,11 @@ mkdir -p "$WORK/logs"
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
 STEP_LIMIT_S=${STEP_LIMIT_S:-560}
+# Python packages the host image lacks, carried as wheels in .whl/ (upstream's bench_serving imports `datasets`).
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/edgeacc-extra-site .whl/*.whl \
+    && export PYTHONPATH=/tmp/edgeacc-extra-site:$PYTHONPATH
+fi
 
 MPS_ROOT=/tmp/edgeacc-mps-$$
 export EDGEACC_SUITE_MPS_PIPE=$MPS_ROOT/pipe EDGEACC_SUITE_MPS_LOG=$MPS_ROOT/log

@@ -28,6 +28,7 @@ import random
 import re
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -70,7 +71,7 @@ def families(platform: str) -> dict[str, dict]:
     if gpu:
         fams["tiny-torch-compile"] = dict(
             model="tiny", args=("--chunked-prefill-size", "128", "--enable-torch-compile",
-                                "--torch-compile-max-bs", "4", *tiny_pool), arms=("edge-mps",))
+                                "--torch-compile-max-bs", "4", *tiny_pool), arms=("edge-mps",), phase=3)
         fams["qwen3-8b"] = dict(
             model="qwen3-8b", args=("--chunked-prefill-size", "2048", "--max-total-tokens", "120000",
                                     "--mem-fraction-static", "0.45", "--cuda-graph-max-bs-decode", "64"),
@@ -201,7 +202,8 @@ def _arm_env(arm: str, platform: str) -> dict[str, str]:
     return {"CUDA_MPS_PIPE_DIRECTORY": pipe, "CUDA_MPS_LOG_DIRECTORY": os.environ.get("EDGEACC_SUITE_MPS_LOG", pipe)}
 
 
-def run_phase(fams: dict[str, dict], platform: str, workdir: pathlib.Path, log_dir: pathlib.Path) -> dict:
+def run_phase(fams: dict[str, dict], platform: str, workdir: pathlib.Path, log_dir: pathlib.Path,
+              partial_out: pathlib.Path | None = None, previous: dict | None = None) -> dict:
     servers: dict[tuple[str, str], SglangServer] = {}
     results: dict = {name: {"args": list(f["args"]), "arms": {}} for name, f in fams.items()}
     for name, fam in fams.items():
@@ -230,13 +232,24 @@ def run_phase(fams: dict[str, dict], platform: str, workdir: pathlib.Path, log_d
         except Exception:
             entry["error"] = traceback.format_exc()[-3000:]
             entry["log_tail"] = server.log_tail(4000)
+            causes = [line for line in entry["log_tail"].splitlines() if "Error" in line]
+            entry["cause"] = causes[-1][:400] if causes else ""
         print(f"[suite] {name}/{arm}: {'error' if 'error' in entry else 'done'}", flush=True)
         return key, entry
 
+    lock = threading.Lock()
+
+    def record(key, entry):
+        with lock:
+            results[key[0]]["arms"][key[1]] = entry
+            judge(results)
+            if partial_out is not None:
+                partial_out.write_text(json.dumps({**(previous or {}), **results}, indent=1))
+
     try:
         with cf.ThreadPoolExecutor(len(servers)) as pool:
-            for (name, arm), entry in pool.map(run_one, list(servers)):
-                results[name]["arms"][arm] = entry
+            for key, entry in pool.map(run_one, list(servers)):
+                record(key, entry)
     finally:
         for (name, arm), server in servers.items():
             server.stop()
@@ -244,18 +257,21 @@ def run_phase(fams: dict[str, dict], platform: str, workdir: pathlib.Path, log_d
                 (log_dir / f"{name}_{arm}.log").write_text(server.log_tail(200_000))
             except OSError:
                 pass
-    for name, fam in results.items():
+    return results
+
+
+def judge(results: dict) -> None:
+    """Compare every finished EdgeAcc arm with its family's plain arm (in place)."""
+    for fam in results.values():
         plain = fam["arms"].get("plain", {}).get("result")
         for arm, entry in fam["arms"].items():
             if arm == "plain":
                 entry["passed"] = plain is not None and not entry.get("self_check_problems")
-                continue
-            if plain is None or "result" not in entry:
+            elif plain is not None and "result" in entry:
+                entry["mismatches"] = compare(plain, entry["result"])
+                entry["passed"] = not entry["mismatches"] and not entry.get("self_check_problems")
+            else:
                 entry["passed"] = False
-                continue
-            entry["mismatches"] = compare(plain, entry["result"])
-            entry["passed"] = not entry["mismatches"] and not entry.get("self_check_problems")
-    return results
 
 
 def summary_lines(results: dict) -> list[str]:
@@ -265,7 +281,7 @@ def summary_lines(results: dict) -> list[str]:
             status = "PASS" if entry.get("passed") else "FAIL"
             detail = entry.get("mismatches") or entry.get("self_check_problems") or []
             if "error" in entry:
-                detail = [entry["error"].strip().splitlines()[-1]]
+                detail = [entry.get("cause") or entry["error"].strip().splitlines()[-1]]
             lines.append(f"{status} {name}/{arm} start {entry.get('started_s', '-')} s"
                          + (f": {'; '.join(detail)[:600]}" if detail else ""))
     return lines
@@ -295,7 +311,8 @@ def main(argv=None) -> int:
     for phase in sorted({f.get("phase", 1) for f in fams.values()}):
         chosen = {k: v for k, v in fams.items() if v.get("phase", 1) == phase}
         started = time.monotonic()
-        results.update(run_phase(chosen, args.platform, workdir, log_dir))
+        results.update(run_phase(chosen, args.platform, workdir, log_dir, partial_out=out, previous=results))
+        out.write_text(json.dumps(results, indent=1))
         print(f"[suite] phase {phase} took {time.monotonic() - started:.0f} s", flush=True)
     out.write_text(json.dumps(results, indent=1))
     lines = summary_lines(results)
