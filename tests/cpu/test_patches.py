@@ -42,7 +42,7 @@ REGISTER_TWICE = textwrap.dedent(
     from sglang.srt.arg_groups import resolution_hooks
     from sglang.srt.plugins.hook_registry import HookRegistry
     from sglang.srt.server_args import ServerArgs
-    from sglang_edgeacc.patches import cpu_platform, server_args
+    from sglang_edgeacc.patches import cpu_platform, request_validation, server_args
 
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)  # a hook applied twice would add --enable-edge-acc twice and raise
@@ -52,7 +52,8 @@ REGISTER_TWICE = textwrap.dedent(
         return [hook for _, hook, source in hooks if source is None or source.dist_name == "sglang-edgeacc"]
 
     counts = {t: len(ours(HookRegistry._hooks.get(t, ()))) for t in (
-        server_args.ADD_CLI_ARGS, server_args.FROM_CLI_ARGS, cpu_platform.DP_ATTENTION + ".memcpy")}
+        server_args.ADD_CLI_ARGS, server_args.FROM_CLI_ARGS, cpu_platform.DP_ATTENTION + ".memcpy",
+        request_validation.VALIDATE_ONE_REQUEST)}
     counts["handle_npu_backends"] = len(resolution_hooks._HOOKS.get("handle_npu_backends", ()))
     print("RESULTS " + json.dumps({"counts": counts, "help": sum("--enable-edge-acc" in a.option_strings for a in parser._actions)}))
     """

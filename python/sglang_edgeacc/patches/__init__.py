@@ -69,6 +69,23 @@ One row per module of ``PATCH_MODULES`` (a test checks that every row exists).
   ``--edge-acc-skip-preflight``) and exports ``DEEPEP_HCCL_BUFFSIZE`` when no
   buffer is set. Removable when upstream validates DeepEP's buffer and the MTP
   layer at argument resolution.
+* ``request_validation`` — target: ``TokenizerManager._validate_one_request``
+  (``sglang.srt.managers.tokenizer_manager``), a BEFORE hook through
+  ``HookRegistry``; installed in every launch, with and without
+  ``--enable-edge-acc`` (it changes request handling, not argument resolution).
+  Why: a prompt of zero tokens (``{"text": ""}`` with a tokenizer that adds no
+  BOS, ``""`` in a batch of texts, ``[]`` in a batch of ``input_ids``) passes
+  upstream's checks, and its forward has no last position to take logits from:
+  alone, it kills the scheduler (the prefill side with EdgeAcc) with an
+  ``IndexError`` in the logits processor and every later request fails; next
+  to other prompts, it is answered from another prompt's logits. How: before
+  upstream's checks, raises a ``ValueError`` (``EmptyPromptError``) for empty
+  token ids outside a session: the kind of error upstream raises for a prompt
+  longer than the context, which the HTTP routes answer with a 400 and its
+  message. So in both modes a crash (or a wrong answer) becomes a 400; no
+  request upstream serves correctly is refused. A session's request is left to
+  upstream, whose history may supply the prompt. Removable when upstream
+  refuses empty prompts after tokenization.
 """
 
 from __future__ import annotations
@@ -85,6 +102,7 @@ PATCH_MODULES: tuple[str, ...] = (
     "sglang_edgeacc.patches.cpu_platform",
     "sglang_edgeacc.patches.edge_acc",
     "sglang_edgeacc.patches.npu_preflight",
+    "sglang_edgeacc.patches.request_validation",
 )
 
 _installed = False

@@ -1,0 +1,153 @@
+"""Bad requests to a real server, plain and EdgeAcc: a 4xx with a message, and the server keeps serving.
+
+Each bad input goes to a plain server and to an EdgeAcc server of the same
+launch. Both must refuse it with the same 4xx status and a message that says
+what is wrong, stay up, and answer the next valid greedy request with the same
+output ids as before the bad input. An empty prompt used to kill the scheduler
+(the prefill side with EdgeAcc); the ``request_validation`` patch makes it a 400.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+import requests
+
+pytestmark = pytest.mark.server
+
+PLAIN = ("--chunked-prefill-size", "128")
+EDGE = (*PLAIN, "--enable-edge-acc")
+LAUNCHES = {"plain": PLAIN, "edge_acc": EDGE}
+
+# Well over the tiny model's 4096 positions once tokenized (about 4-5 tokens a word).
+TOO_LONG = " ".join(f"token{i}" for i in range(2000))
+
+# name -> (request body, pattern the error message must match)
+BAD_INPUTS = {
+    "empty_text": ({"text": ""}, "empty after tokenization"),
+    "empty_text_in_batch": ({"text": ["Hello", ""]}, "empty after tokenization"),
+    "empty_input_ids": ({"input_ids": []}, "input_ids cannot be empty"),
+    "empty_input_ids_in_batch": ({"input_ids": [[5, 6], []]}, "is empty"),
+    "empty_input_ids_batch_of_one": ({"input_ids": [[]]}, "is empty"),
+    "longer_than_context": ({"text": TOO_LONG}, "longer than the model's context length"),
+    "negative_temperature": ({"text": "Hello", "sampling_params": {"temperature": -1}}, "temperature"),
+    "top_p_above_one": ({"text": "Hello", "sampling_params": {"top_p": 2}}, "top_p"),
+    "negative_max_new_tokens": ({"text": "Hello", "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
+    "unparsable_json_schema": (
+        {"text": "Hello", "sampling_params": {"json_schema": "{not json", "max_new_tokens": 4}},
+        "json grammar",
+    ),
+}
+
+PROBE = "The quick brown fox"
+
+
+def _server(cpu_servers, launch: str):
+    """The pooled server of a launch; one that died in an earlier test is replaced by a fresh one."""
+    server = cpu_servers.get(*LAUNCHES[launch])
+    if server.proc.poll() is not None:
+        cpu_servers.release(*LAUNCHES[launch])
+        server = cpu_servers.get(*LAUNCHES[launch])
+    return server
+
+
+def _probe_ids(server) -> list[int]:
+    return server.generate(PROBE, max_new_tokens=8)["output_ids"]
+
+
+def _assert_still_serving(server, before: list[int], what: str) -> None:
+    try:
+        after = _probe_ids(server)
+    except requests.RequestException as exc:
+        raise AssertionError(f"no valid request served after {what}: {exc!r}\n{server.log_tail()}") from exc
+    assert after == before, f"greedy output changed after {what}"
+    assert server.proc.poll() is None
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_is_refused_and_the_server_keeps_serving(cpu_servers, case):
+    body, pattern = BAD_INPUTS[case]
+    replies = {}
+    for launch in LAUNCHES:
+        server = _server(cpu_servers, launch)
+        before = _probe_ids(server)
+        try:
+            response = requests.post(f"{server.url}/generate", json=body, timeout=120)
+        except requests.RequestException as exc:
+            raise AssertionError(f"{launch}: no reply to {case}: {exc!r}\n{server.log_tail()}") from exc
+        replies[launch] = response
+        assert 400 <= response.status_code < 500, f"{launch}: {response.status_code} {response.text[:500]}"
+        message = response.json()["error"]["message"]
+        assert pattern.lower() in message.lower(), f"{launch}: {message!r}"
+        _assert_still_serving(server, before, f"{case} on {launch}")
+    assert replies["edge_acc"].status_code == replies["plain"].status_code
+
+
+def test_empty_prompt_in_a_stream_is_an_error_event(cpu_servers):
+    """A streamed request is answered 200 before it is validated: the refusal comes as an SSE error event."""
+    for launch in LAUNCHES:
+        server = _server(cpu_servers, launch)
+        before = _probe_ids(server)
+        payload = {"text": "", "stream": True, "sampling_params": {"max_new_tokens": 4}}
+        with requests.post(f"{server.url}/generate", json=payload, stream=True, timeout=120) as response:
+            events = [line[5:].strip() for line in response.iter_lines() if line.startswith(b"data:")]
+        assert events[-1] == b"[DONE]", events
+        error = json.loads(events[0])["error"]
+        assert error["code"] == 400 and "empty after tokenization" in error["message"], error
+        _assert_still_serving(server, before, f"a streamed empty prompt on {launch}")
+
+
+def test_an_empty_prompt_in_a_session_is_left_to_upstream(cpu_servers):
+    """A session's history may supply the whole prompt: an empty one continues it, and upstream's
+    session controller refuses one that is still empty (a session with no history)."""
+    greedy = {"max_new_tokens": 4, "temperature": 0}
+    replies = {}
+    for launch in LAUNCHES:
+        server = _server(cpu_servers, launch)
+        before = _probe_ids(server)
+
+        def open_session():
+            response = requests.post(f"{server.url}/open_session", json={"capacity_of_str_len": 1000}, timeout=60)
+            response.raise_for_status()
+            return response.json()
+
+        session = open_session()
+        first = server.generate([5, 6], max_new_tokens=4, session_params={"id": session})
+        follow = requests.post(f"{server.url}/generate", json={
+            "input_ids": [], "session_params": {"id": session, "rid": first["meta_info"]["id"]},
+            "sampling_params": greedy}, timeout=120)
+        assert follow.status_code == 200, follow.text[:500]
+        assert follow.json()["meta_info"]["prompt_tokens"] > 0
+        fresh = requests.post(f"{server.url}/generate", json={
+            "input_ids": [], "session_params": {"id": open_session()}, "sampling_params": greedy}, timeout=120)
+        assert fresh.status_code == 400 and "session" in fresh.json()["error"]["message"], fresh.text[:500]
+        replies[launch] = (first["output_ids"], follow.json()["output_ids"])
+        _assert_still_serving(server, before, f"empty prompts in sessions on {launch}")
+    assert replies["edge_acc"] == replies["plain"]
+
+
+def test_zero_new_tokens_returns_no_tokens(cpu_servers):
+    replies = {}
+    for launch in LAUNCHES:
+        server = _server(cpu_servers, launch)
+        before = _probe_ids(server)
+        reply = server.generate(PROBE, max_new_tokens=0)
+        assert reply["output_ids"] == [] and reply["meta_info"]["completion_tokens"] == 0, reply
+        replies[launch] = reply["meta_info"]["finish_reason"]
+        _assert_still_serving(server, before, f"max_new_tokens 0 on {launch}")
+    assert replies["edge_acc"] == replies["plain"]
+
+
+def test_a_client_that_closes_halfway_through_its_body_does_not_harm_the_server(cpu_servers):
+    head = (b"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 200\r\n\r\n")
+    for launch in LAUNCHES:
+        server = _server(cpu_servers, launch)
+        before = _probe_ids(server)
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as conn:
+            conn.sendall(head + b'{"text": "Hello world", "sampling_params": {"max_new_to')
+            time.sleep(0.5)
+        _assert_still_serving(server, before, f"a half-sent body on {launch}")
