@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -59,6 +60,44 @@ def free_port() -> int:
     raise RuntimeError(f"no free server port in {_SERVER_PORT_RANGE} after 200 tries")
 
 
+SHM_DIR = "/dev/shm"
+# Shared-memory names that carry the pid of the process that created them: torch's
+# (torch_<pid>_<random>_<n>) and upstream sglang's (sgl_shm_<kind>_<pid>_<random>).
+_PID_STAMPED_SHM = (re.compile(r"torch_(\d+)_\d+_\d+"), re.compile(r"sgl_shm_\w+?_(\d+)_[0-9a-f]+"))
+
+
+def shm_creator_pid(name: str) -> int | None:
+    for pattern in _PID_STAMPED_SHM:
+        match = pattern.fullmatch(name)
+        if match:
+            return int(match.group(1))
+    return None
+
+
+def shm_in_use(pids) -> set[str]:
+    """Names under /dev/shm that the processes ``pids`` map or hold open (unlinked ones too)."""
+    names = set()
+    prefix = SHM_DIR + "/"
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as maps:
+                for line in maps:
+                    path = line.split(maxsplit=5)[5:]
+                    if path and path[0].startswith(prefix):
+                        names.add(path[0].strip()[len(prefix):].removesuffix(" (deleted)"))
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith(prefix):
+                    names.add(target[len(prefix):].removesuffix(" (deleted)"))
+        except OSError:  # gone, or not ours to read
+            continue
+    return names
+
+
+def shm_in_use_by_anyone() -> set[str]:
+    return shm_in_use(int(entry) for entry in os.listdir("/proc") if entry.isdigit())
+
+
 def cpu_server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
@@ -95,6 +134,10 @@ class SglangServer:
     dummy_weights: bool = True
     startup_timeout_s: float = STARTUP_TIMEOUT_S
     started_s: float = 0.0  # seconds from launch to healthy
+    # Every process of the server seen so far, and the /dev/shm entries they used:
+    # what the server leaves there is told apart from other processes' by these.
+    seen_pids: set[int] = field(default_factory=set)
+    seen_shm: set[str] = field(default_factory=set)
 
     @property
     def url(self) -> str:
@@ -131,11 +174,13 @@ class SglangServer:
     def wait_healthy(self) -> "SglangServer":
         deadline = self._launched_at + self.startup_timeout_s
         while time.monotonic() < deadline:
+            self.observe()
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode} during start:\n{self.log_tail()}")
             try:
                 if requests.get(f"{self.url}/health", timeout=5).status_code == 200:
                     self.started_s = time.monotonic() - self._launched_at
+                    self.observe()
                     return self
             except requests.RequestException:
                 pass
@@ -156,9 +201,42 @@ class SglangServer:
         except psutil.NoSuchProcess:
             return []
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def observe(self) -> None:
+        """Note the server's processes and the /dev/shm entries they use now."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        pids = {self.proc.pid, *(p.pid for p in self.descendants())}
+        self.seen_pids |= pids
+        self.seen_shm |= shm_in_use(pids)
+
+    def shm_left(self) -> set[str]:
+        """Entries in /dev/shm that the server's processes created or used and no live process uses."""
+        candidates = {
+            name for name in os.listdir(SHM_DIR)
+            if name in self.seen_shm or shm_creator_pid(name) in self.seen_pids
+        }
+        return candidates - shm_in_use_by_anyone() if candidates else set()
+
+    def remove_shm_left(self) -> set[str]:
+        removed = set()
+        for name in self.shm_left():
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+                removed.add(name)
+            except FileNotFoundError:
+                pass
+        return removed
+
+    def stop(self, timeout: float = 30.0, remove_shm: bool = True) -> None:
+        """SIGTERM the server's process group, SIGKILL what is left after ``timeout``.
+
+        With ``remove_shm`` it then removes what the server left in /dev/shm (upstream
+        sglang leaves files there on every stop, see docs/troubleshooting.md), so that a
+        day of test runs does not fill the tmpfs.
+        """
         if self.proc is None:
             return
+        self.observe()
         tree = [psutil.Process(self.proc.pid)] + self.descendants() if self.proc.poll() is None else []
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
@@ -175,6 +253,8 @@ class SglangServer:
         except ProcessLookupError:
             pass
         self.proc.wait(timeout=10)
+        if remove_shm:
+            self.remove_shm_left()
 
     # --- requests -----------------------------------------------------------------
     def generate(self, text, max_new_tokens: int = 8, sampling: dict | None = None, **extra) -> dict | list:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import gc
+import io
 import multiprocessing as mp
+import os
 import pickle
+import signal
 import subprocess
 import sys
 import textwrap
@@ -84,6 +88,74 @@ def _owner_objects():
     fill_pool(pool, salt=1)
     model = tiny_model()
     return pool, model
+
+
+def _owner(conn) -> None:
+    pool, model = _owner_objects()
+    conn.send_bytes(pickle.dumps(export_tensors({**module_tensors(model), **pool})))
+    conn.recv()  # serve until killed
+
+
+def test_cpu_shared_memory_has_no_name_and_outlives_its_killed_owner():
+    """Nothing is named in /dev/shm, so a SIGKILLed owner leaves nothing there; the importer's mapping lives on."""
+    ctx = mp.get_context("spawn")
+    parent_conn, child_conn = ctx.Pipe()
+    proc = ctx.Process(target=_owner, args=(child_conn,))
+    proc.start()
+    try:
+        assert parent_conn.poll(TIMEOUT_S), "owner did not send its bundle"
+        bundle = pickle.loads(parent_conn.recv_bytes())
+        assert bundle.owner_pid == proc.pid
+        imported = import_tensors(bundle)
+        assert [n for n in os.listdir("/dev/shm") if n.startswith(f"torch_{proc.pid}_")] == []
+        pool = {k: v for k, v in imported.tensors.items() if k.startswith(("k.", "v.", "req_to_token"))}
+        # The views of the pool's one segment are views of one mapping here too.
+        assert len({v.untyped_storage().data_ptr() for v in pool.values()}) == 1
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(TIMEOUT_S)
+        assert proc.exitcode == -signal.SIGKILL
+        assert pool_mismatches(pool, 1) == [], "the owner's bytes are still mapped after its death"
+        with pytest.raises(SharedTensorsError, match="is gone"):
+            import_tensors(bundle)
+        del pool
+        imported.release()
+    finally:
+        if proc.is_alive():
+            proc.kill()
+
+
+def test_import_refuses_a_descriptor_number_that_now_names_another_file():
+    other = os.open(os.devnull, os.O_RDONLY)
+    x = torch.arange(64, dtype=torch.int32)
+    bundle = export_tensors({"x": x})
+    fd = bundle.specs[0].rebuild_args[1]
+    del x
+    gc.collect()
+    with pytest.raises(OSError):
+        os.fstat(fd)  # the storage went, and its descriptor with it
+    try:
+        os.dup2(other, fd)
+        with pytest.raises(SharedTensorsError, match="now names another file"):
+            import_tensors(bundle)
+    finally:
+        os.close(fd)
+        os.close(other)
+
+
+def test_file_system_pickling_of_an_exported_tensor_is_named_on_import():
+    from multiprocessing.reduction import ForkingPickler
+
+    x = torch.arange(64, dtype=torch.int32)
+    bundle = export_tensors({"x": x})
+    previous = torch.multiprocessing.get_sharing_strategy()
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    try:
+        ForkingPickler(io.BytesIO()).dump(x)  # moves the storage to a named file
+    finally:
+        torch.multiprocessing.set_sharing_strategy(previous)
+    assert torch.equal(x, torch.arange(64, dtype=torch.int32))
+    with pytest.raises(SharedTensorsError, match="file_system strategy"):
+        import_tensors(bundle)
 
 
 def test_spawned_child_reads_and_writes_the_owners_pool_and_weights():

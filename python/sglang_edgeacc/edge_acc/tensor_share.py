@@ -28,17 +28,27 @@ How each platform shares memory
   The expandable-segments allocator and the ``cudaMallocAsync`` backend are
   refused at export (:class:`AllocatorNotShareableError`): legacy CUDA IPC cannot
   export their memory portably.
-* CPU: torch's ``file_system`` sharing strategy, called explicitly: each storage
-  moves once into a named POSIX shared-memory file (``/dev/shm/torch_*``, a copy at
-  export unless the storage already lives there) and the importer maps that file.
-  Unlike torch's default ``file_descriptor`` strategy this needs no
-  ``multiprocessing`` resource sharer or authkey, so a bundle works across
-  spawned processes and across a plain pickle over a socket or pipe alike.
+* CPU: shared memory that has no name. Each storage moves once into a POSIX
+  shared-memory object that torch unlinks as soon as it is created (its
+  ``file_descriptor`` strategy, called explicitly: a copy at export unless the
+  storage already lives there); the owner's process keeps the only file
+  descriptor. The bundle carries the owner's pid and descriptor number, and the
+  importer opens ``/proc/<owner pid>/fd/<n>``, which reopens that same object,
+  and maps it. The kernel frees the memory when the last process that maps it
+  exits, however it exits: SIGKILL of every process included, nothing is left
+  in ``/dev/shm``. (torch's ``file_system`` strategy names a ``/dev/shm/torch_*``
+  file per storage, which only its ``torch_shm_manager`` daemon removes at the end;
+  when the daemon is killed with the server's process tree, as upstream's
+  ``kill_process_tree`` does on any child failure, every file stays behind.)
+  No ``multiprocessing`` resource sharer or authkey is needed, so a bundle works
+  across spawned processes and across a plain pickle over a socket or pipe alike,
+  on Linux, for processes of the same user.
   The owner's tensor objects keep working: torch swaps the storage in place.
   Do not also pass an exported CPU tensor through torch.multiprocessing's pickling
-  (``mp.Queue``, ``Process`` arguments) under the default ``file_descriptor``
-  strategy: that moves its storage again, to a new file, and the bundle's file
-  disappears (the importer then gets a :class:`SharedTensorsError` saying so).
+  (``mp.Queue``, ``Process`` arguments) under the ``file_system`` strategy: that
+  moves its storage again, to a named file, and closes the bundle's descriptor
+  (the importer then gets a :class:`SharedTensorsError` saying so). Under the
+  default ``file_descriptor`` strategy torch reuses the descriptor, which is fine.
 
 One bundle per importing process
 --------------------------------
@@ -55,9 +65,11 @@ Lifetime (both platforms)
 The owner must keep every exported tensor alive until every importer has called
 :meth:`ImportedTensors.release` (or exited). Freeing first is undefined on CUDA
 (torch parks the block in its IPC limbo and warns "Producer process has been
-terminated before all shared CUDA tensors released") and leaks the shm file on
-the CPU. For server-lifetime pools that means: allocate once in the decode side,
-never free, and stop the prefill side before the decode side.
+terminated before all shared CUDA tensors released"). On the CPU a mapping made
+stays valid, but an import after the owner freed the tensor or exited fails: the
+descriptor the bundle names is gone. For server-lifetime pools that means:
+allocate once in the decode side, never free, and stop the prefill side before
+the decode side.
 """
 
 from __future__ import annotations
@@ -131,8 +143,9 @@ class SharedTensorSpec:
     dtype: torch.dtype
     shape: tuple[int, ...]
     nbytes: int
-    # Identifies the memory segment the tensor lives in (CUDA IPC handle or shm file
-    # name): tensors with the same key are views into one mapping in the importer.
+    # Identifies the memory segment the tensor lives in (CUDA IPC handle, or the device
+    # and inode of the shared-memory object): tensors with the same key are views into
+    # one mapping in the importer.
     segment_key: bytes
     rebuild_args: tuple
 
@@ -148,7 +161,7 @@ class SharedTensors:
         return [s.name for s in self.specs]
 
     def segment_count(self) -> int:
-        """How many distinct memory segments (IPC handles / shm files) the bundle spans."""
+        """How many distinct memory segments (CUDA IPC handles / shared-memory objects) the bundle spans."""
         return len({s.segment_key for s in self.specs})
 
     def total_bytes(self) -> int:
@@ -174,18 +187,21 @@ def _export_cuda(name: str, tensor: torch.Tensor) -> SharedTensorSpec:
 
 def _export_cpu(name: str, tensor: torch.Tensor) -> SharedTensorSpec:
     storage = tensor.untyped_storage()
-    manager_handle, storage_handle, storage_bytes = storage._share_filename_cpu_()
+    # Moves the storage into unnamed shared memory once; later calls return the same descriptor.
+    fd, storage_bytes = storage._share_fd_cpu_()
+    identity = os.fstat(fd)
     return SharedTensorSpec(
         name=name,
         device_type="cpu",
         dtype=tensor.dtype,
         shape=tuple(tensor.shape),
         nbytes=tensor.numel() * tensor.element_size(),
-        segment_key=bytes(storage_handle),
+        segment_key=f"{identity.st_dev}:{identity.st_ino}".encode(),
         rebuild_args=(
-            bytes(manager_handle),
-            bytes(storage_handle),
+            os.getpid(),
+            int(fd),
             int(storage_bytes),
+            (identity.st_dev, identity.st_ino),
             tensor.storage_offset(),
             tuple(tensor.shape),
             tuple(tensor.stride()),
@@ -225,16 +241,39 @@ def export_tensors(tensors: Mapping[str, torch.Tensor]) -> SharedTensors:
     return bundle
 
 
-def _rebuild_cpu(spec: SharedTensorSpec) -> torch.Tensor:
-    manager_handle, storage_handle, storage_bytes, offset, shape, stride = spec.rebuild_args
+def _open_cpu_segment(spec: SharedTensorSpec) -> torch.UntypedStorage:
+    owner_pid, fd, storage_bytes, identity = spec.rebuild_args[:4]
+    path = f"/proc/{owner_pid}/fd/{fd}"
+    gone = (
+        f"import_tensors: the shared memory of {spec.name!r} (descriptor {fd} of pid {owner_pid}) is gone: "
+        f"the owner freed the tensor, exited, or sent it through torch.multiprocessing's pickling under the "
+        f"file_system strategy, which moves a CPU storage to a new file"
+    )
     try:
-        storage = torch.UntypedStorage._new_shared_filename_cpu(manager_handle, storage_handle, storage_bytes)
-    except RuntimeError as exc:
+        local_fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError as exc:
+        raise SharedTensorsError(f"{gone} ({exc})") from exc
+    except PermissionError as exc:
         raise SharedTensorsError(
-            f"import_tensors: the shared-memory file of {spec.name!r} ({storage_handle.decode(errors='replace')}) "
-            f"is gone: the owner freed the tensor, exited, or sent it again through torch.multiprocessing's "
-            f"pickling, which moves a CPU storage to a new file ({exc})"
+            f"import_tensors: cannot open {path} for {spec.name!r} ({exc}); the importer must run as the "
+            f"owner's user, with /proc mounted without hidepid"
         ) from exc
+    try:
+        # A descriptor number the owner closed may since name another file.
+        found = os.fstat(local_fd)
+        if (found.st_dev, found.st_ino) != tuple(identity):
+            raise SharedTensorsError(f"{gone} (descriptor {fd} now names another file)")
+        return torch.UntypedStorage._new_shared_fd_cpu(local_fd, storage_bytes)
+    finally:
+        # torch keeps a duplicate of the descriptor for as long as the storage lives.
+        os.close(local_fd)
+
+
+def _rebuild_cpu(spec: SharedTensorSpec, segments: dict[bytes, torch.UntypedStorage]) -> torch.Tensor:
+    offset, shape, stride = spec.rebuild_args[4:]
+    storage = segments.get(spec.segment_key)
+    if storage is None:
+        storage = segments[spec.segment_key] = _open_cpu_segment(spec)
     return torch.empty(0, dtype=spec.dtype).set_(storage, offset, shape, stride)
 
 
@@ -293,11 +332,13 @@ class ImportedTensors:
 def import_tensors(bundle: SharedTensors) -> ImportedTensors:
     """Map every tensor of ``bundle`` into this process, with zero copies."""
     tensors: dict[str, torch.Tensor] = {}
+    # One mapping per CPU segment: the views of a pool share it, as on CUDA.
+    cpu_segments: dict[bytes, torch.UntypedStorage] = {}
     for spec in bundle.specs:
         if spec.device_type == "cuda":
             tensors[spec.name] = _rebuild_cuda(spec)
         elif spec.device_type == "cpu":
-            tensors[spec.name] = _rebuild_cpu(spec)
+            tensors[spec.name] = _rebuild_cpu(spec, cpu_segments)
         else:
             raise SharedTensorsError(f"import_tensors: unknown device type {spec.device_type!r} for {spec.name!r}")
     logger.info(
@@ -317,7 +358,7 @@ def allocate_single_segment(
 ) -> dict[str, torch.Tensor]:
     """Allocate ``specs`` (name -> (shape, dtype)) as views into ONE allocation.
 
-    One allocation is one CUDA IPC handle (or one shm file), so the importer opens
+    One allocation is one CUDA IPC handle (or one shared-memory object), so the importer opens
     a single mapping for the whole KV pool instead of one per layer. Views are
     4 KiB aligned. On the CPU the backing storage is put in shared memory before
     the views are carved, so exporting it later copies nothing.
@@ -332,7 +373,7 @@ def allocate_single_segment(
     device = torch.device(device)
     base = (torch.zeros if zero else torch.empty)(max(offset, 1), dtype=torch.uint8, device=device)
     if device.type == "cpu":
-        base.untyped_storage()._share_filename_cpu_()
+        base.untyped_storage()._share_fd_cpu_()
     views: dict[str, torch.Tensor] = {}
     for name, start, shape, dtype in layout:
         nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()

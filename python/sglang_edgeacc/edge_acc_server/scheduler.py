@@ -7,7 +7,9 @@ EdgeAcc launch; every other launch constructs upstream's class untouched.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 
 from sglang.srt.managers.scheduler import Scheduler
 
@@ -27,6 +29,25 @@ def _set_process_title(title: str) -> None:
     except ImportError:
         return
     setproctitle.setproctitle(title)
+
+
+def drop_load_snapshot_writer(scheduler) -> None:
+    """Close a scheduler's load-snapshot writer and remove the file it writes.
+
+    A prefill side has an instance id of its own (``port_plan``), so upstream's
+    writer creates a ``/dev/shm/sglang_loads_*`` file for it that nobody reads: the
+    DP controller and the tokenizer read the decode sides' instance. Upstream never
+    unlinks these files, so each start would leave one more behind.
+    """
+    from sglang.srt.managers.load_snapshot import ShmLoadSnapshotWriter
+
+    writer, scheduler.load_snapshot_writer = scheduler.load_snapshot_writer, None
+    if writer is None:
+        return
+    writer.close()
+    if isinstance(writer, ShmLoadSnapshotWriter):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(writer.path)
 
 
 def _metrics_enabled() -> bool:
@@ -61,6 +82,11 @@ class EdgeAccScheduler(PrefillSideMixin, DecodeSideMixin, Scheduler):
 
     def _edge_log_prefix(self) -> str:
         return roles.log_prefix(self._edge_tp_rank())
+
+    def init_ipc_channels(self, port_args):
+        super().init_ipc_channels(port_args)
+        if self.edge_acc_role == roles.PREFILL:
+            drop_load_snapshot_writer(self)
 
     def init_memory_pools(self):
         super().init_memory_pools()

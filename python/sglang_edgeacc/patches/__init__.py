@@ -56,7 +56,10 @@ One row per module of ``PATCH_MODULES`` (a test checks that every row exists).
   are the EdgeAcc loops of the side. Request grammars cross to the prefill side
   as the vocab mask the decode side filled. The decode side's weight-updater
   component is wrapped (``init_weight_updater``, before the request dispatcher
-  binds it) to check that updates stay in the memory the prefill side maps. Removable
+  binds it) to check that updates stay in the memory the prefill side maps. The
+  prefill side closes upstream's load-snapshot writer (``init_ipc_channels``) and
+  removes its ``/dev/shm/sglang_loads_*`` file: it has an instance id of its own,
+  nobody reads its load, and upstream never unlinks the file. Removable
   when upstream ships intra-GPU P/D disaggregation (or a scheduler extension
   point that carries it).
 * ``npu_preflight`` — target: resolution step ``handle_npu_backends``

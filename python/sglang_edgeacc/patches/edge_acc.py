@@ -98,6 +98,8 @@ PATCH = Patch(
     summary="EdgeAcc decode/prefill sides as sglang schedulers; prefill side sized like its decode side",
     targets=(
         Target(f"{SCHEDULER}.Scheduler"),
+        Target(f"{SCHEDULER}.Scheduler.init_ipc_channels", params=("self", "port_args")),
+        Target("sglang.srt.managers.load_snapshot.ShmLoadSnapshotWriter.close", params=("self",)),
         Target(f"{SCHEDULER}.Scheduler.init_memory_pools", params=("self",)),
         Target(f"{SCHEDULER}.Scheduler.init_model_worker", params=("self",)),
         Target(f"{SCHEDULER}.Scheduler.run_event_loop", params=("self",)),
