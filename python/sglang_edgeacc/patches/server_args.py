@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 
 from sglang_edgeacc import flags as edge_flags
-from sglang_edgeacc.edge_acc_server.graph_roles import keep_decode_graphs_only
 from sglang_edgeacc.launch_validation import (
     keep_prefill_graphs_inside_green_contexts,
     prepare_edge_acc_launch,
@@ -41,7 +40,6 @@ def _around_from_cli_args(original, cls, args):
     edge_flags.attach_flags(server_args, parsed)
     if parsed.enable_edge_acc:
         prepare_edge_acc_launch(parsed, args)
-        keep_decode_graphs_only(server_args)
     return server_args
 
 
