@@ -84,16 +84,26 @@ WORKLOADS: dict[str, Workload] = {
 }
 DRY_WORKLOADS = {name: Workload(4, 64, 8, concurrency=w.concurrency and 2, rate=w.rate) for name, w in WORKLOADS.items()}
 
+def workload_seed(name: str) -> int:
+    """The same prompts for a workload on every arm, different prompts for different workloads."""
+    return 1 + (list(WORKLOADS).index(name) if name in WORKLOADS else len(WORKLOADS))
+
+
 METRICS = ("total_throughput", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms", "max_itl_ms")
 
 
-def bench_argv(url: str, model: str, w: Workload, out_file: str) -> list[str]:
-    """``python -m sglang.bench_serving`` arguments for one workload."""
+def bench_argv(url: str, model: str, w: Workload, out_file: str, seed: int) -> list[str]:
+    """``python -m sglang.bench_serving`` arguments for one workload.
+
+    Each workload gets its own seed: ``random-ids`` prompts depend only on it, so two
+    workloads with one seed would send the same prompts and the second would measure
+    radix-cache hits instead of prefill.
+    """
     argv = [
         "--backend", "sglang", "--base-url", url,
         "--model", model, "--tokenizer", model, "--dataset-name", "random-ids", "--tokenize-prompt",
         "--random-input-len", str(w.input_len), "--random-output-len", str(w.output_len),
-        "--random-range-ratio", "1.0", "--num-prompts", str(w.prompts), "--seed", "1",
+        "--random-range-ratio", "1.0", "--num-prompts", str(w.prompts), "--seed", str(seed),
         "--output-file", out_file, "--output-details", "--disable-tqdm",
     ]
     argv += ["--request-rate", str(w.rate if w.rate else "inf")]
@@ -118,7 +128,7 @@ def bench_serving_many(runs: list[list[str]]) -> None:
 
 def run_workloads(server: SglangServer, model: str, workloads: dict[str, Workload], log_dir: pathlib.Path) -> dict:
     files = {name: str(log_dir / f"bench_{name}_{server.port}.jsonl") for name in workloads}
-    runs = [bench_argv(server.url, model, w, files[name]) for name, w in workloads.items()]
+    runs = [bench_argv(server.url, model, w, files[name], seed=workload_seed(name)) for name, w in workloads.items()]
     started = time.monotonic()
     proc = subprocess.run([sys.executable, str(HERE), "--bench-serving-runs", json.dumps(runs)],
                           capture_output=True, text=True, timeout=900)

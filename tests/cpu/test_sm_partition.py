@@ -116,3 +116,18 @@ def test_green_context_from_env_is_none_when_not_asked():
 def test_green_context_from_env_rejects_garbage(monkeypatch):
     with pytest.raises(SmPartitionError, match=GREEN_CONTEXT_PERCENT_VAR):
         green_context_stream_from_env(environ={GREEN_CONTEXT_PERCENT_VAR: "lots"})
+
+
+def test_the_prefill_side_is_a_below_normal_mps_client_and_the_decode_side_normal():
+    from sglang_edgeacc.edge_acc.sm_partition import MPS_PRIORITY_VAR, mps_priority_env
+
+    for mode in ("mps", "green-context", "adaptive"):
+        assert mps_priority_env("prefill", "below-normal", mode) == {MPS_PRIORITY_VAR: "1"}
+        # Explicit 0: a value inherited from the launcher cannot lower the decode side.
+        assert mps_priority_env("decode", "below-normal", mode) == {MPS_PRIORITY_VAR: "0"}
+        assert mps_priority_env("prefill", "normal", mode) == {MPS_PRIORITY_VAR: "0"}
+    # No daemon to schedule by priority, or no GPU: nothing to set.
+    assert mps_priority_env("prefill", "below-normal", "none") == {}
+    assert mps_priority_env("prefill", "below-normal", "mps", device_type="cpu") == {}
+    with pytest.raises(ValueError, match="--edge-acc-prefill-mps-priority"):
+        mps_priority_env("prefill", "low", "mps")

@@ -1,0 +1,51 @@
+"""The server suite's oracle: with the sensitive checkpoint the answer depends on earlier context; with
+weights like ``--load-format dummy``'s it does not, so a wrong KV read could not show."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+import serving_models  # noqa: E402
+
+
+def _greedy(model, ids, n=12):
+    out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, pad_token_id=0)
+    return out[0, len(ids):].tolist()
+
+
+def _prompts():
+    base = [(i * 37) % 530 + 3 for i in range(300)]
+    changed = list(base)
+    changed[-50] = 3 if changed[-50] != 3 else 4
+    return base, changed
+
+
+def test_the_sensitive_checkpoint_answers_differently_when_an_early_token_changes(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(serving_models.sensitive_tiny_model(tmp_path / "m")).eval()
+    base, changed = _prompts()
+    with torch.no_grad():
+        assert _greedy(model, base) != _greedy(model, changed)
+
+
+def test_weights_like_sglangs_dummy_ones_ignore_the_same_change(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(serving_models.sensitive_tiny_model(tmp_path / "m")).eval()
+    with torch.no_grad():
+        for param in model.state_dict().values():  # what upstream's dummy loader does: U(-1e-3, 1e-3)
+            generator = torch.Generator().manual_seed(1234)
+            param.uniform_(-1e-3, 1e-3, generator=generator)
+        base, changed = _prompts()
+        assert _greedy(model, base) == _greedy(model, changed)
+
+
+def test_the_files_are_the_same_on_every_build(tmp_path):
+    a = serving_models.sensitive_tiny_model(tmp_path / "a") / "model.safetensors"
+    b = serving_models.sensitive_tiny_model(tmp_path / "b") / "model.safetensors"
+    assert a.read_bytes() == b.read_bytes()
