@@ -97,7 +97,7 @@ from sglang_edgeacc.edge_acc.adaptive_partitions import (  # noqa: E402
     whole_gpu_low_priority_stream,
 )
 from sglang_edgeacc.edge_acc.adaptive_split import AdaptiveSplitConfig, AdaptiveSplitPolicy  # noqa: E402
-from sglang_edgeacc.edge_acc.disjoint_green import disjoint_green_streams  # noqa: E402
+from disjoint_green import disjoint_green_streams  # noqa: E402  (benchmarks/)
 from sglang_edgeacc.edge_acc.sm_partition import green_context_stream, visible_sm_count  # noqa: E402
 
 logger = logging.getLogger("adaptive_split_bench")

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, fields
-from typing import Literal, Optional
+from typing import Optional
 
-SmPartition = Literal["mps", "green-context", "adaptive", "none"]
-SM_PARTITION_CHOICES: tuple[str, ...] = ("mps", "green-context", "adaptive", "none")
+from sglang_edgeacc.edge_acc.sm_partition import MPS_PRIORITIES, SM_PARTITION_MODES
 
 ATTR = "_edge_acc"
 
@@ -61,7 +60,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--edge-acc-sm-partition",
-        choices=SM_PARTITION_CHOICES,
+        choices=SM_PARTITION_MODES,
         default=EdgeAccFlags.edge_acc_sm_partition,
         help="How the SMs are split between the two sides: CUDA MPS thread percentages, "
         "torch green contexts (fixed share), adaptive (the prefill side picks a green-context "
@@ -69,7 +68,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--edge-acc-prefill-mps-priority",
-        choices=("below-normal", "normal"),
+        choices=MPS_PRIORITIES,
         default=EdgeAccFlags.edge_acc_prefill_mps_priority,
         help="MPS client priority of the prefill side (the decode side is always normal): at below-normal "
         "the prefill side takes the SMs decode steps leave idle and yields them when a decode step waits.",

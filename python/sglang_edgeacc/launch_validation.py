@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from sglang_edgeacc.edge_acc.sm_partition import GREEN_CONTEXT_MODES
 from sglang_edgeacc.flags import EdgeAccFlags
 
 logger = logging.getLogger(__name__)
@@ -93,7 +94,6 @@ def _on_cpu_platform(args: argparse.Namespace) -> bool:
     return is_selected() or getattr(args, "device", None) == "cpu" or os.environ.get("SGLANG_USE_CPU_ENGINE") == "1"
 
 
-GREEN_CONTEXT_PARTITIONS = ("green-context", "adaptive")
 
 
 def _prefill_graph_backend_asked(args: argparse.Namespace) -> Optional[str]:
@@ -114,13 +114,13 @@ def keep_prefill_graphs_inside_green_contexts(flags: EdgeAccFlags, args: argpars
 
     A CUDA graph's kernels run on the SMs of the stream it was *captured* on, not the
     stream it is replayed on (H200: a decode graph captured outside a 16-SM green context
-    and replayed on it ran at whole-GPU speed, 13.9 ms against 50 ms; docs/benchmarks.md,
+    and replayed on it ran at whole-GPU speed, 13.9 ms against 50 ms; docs/benchmarks-history.md,
     run 7). Upstream captures its prefill graphs before the prefill side picks a
     partition, so they would escape the split. The prefill side therefore runs eager
     under ``--edge-acc-sm-partition green-context|adaptive``: the default graph is turned
     off here, an explicit one is refused.
     """
-    if not flags.enable_edge_acc or flags.edge_acc_sm_partition not in GREEN_CONTEXT_PARTITIONS:
+    if not flags.enable_edge_acc or flags.edge_acc_sm_partition not in GREEN_CONTEXT_MODES:
         return
     if _on_cpu_platform(args):
         return

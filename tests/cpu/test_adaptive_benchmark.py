@@ -1,6 +1,6 @@
 """The issue-7 benchmark's own mechanics, on the CPU (tiny shape): pacing and the settling phase.
 
-The numbers in docs/benchmarks.md come from this script on the H200; here only its
+The numbers in docs/benchmarks-history.md come from this script on the H200; here only its
 arms' bookkeeping is checked, so that a change to the script cannot silently turn a
 paced arm into an unpaced one or report the ramp as the settled split.
 """

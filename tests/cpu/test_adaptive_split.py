@@ -394,7 +394,7 @@ def test_the_unguarded_arrival_rule_is_off_and_the_drain_on_by_default():
     assert any(h.reason.startswith("drain: arrivals") for h in default.history)
 
 
-# --- the ITL-guarded backlog drain (run 4): the phased load of docs/benchmarks.md, simulated
+# --- the ITL-guarded backlog drain (run 4): the phased load of docs/benchmarks-history.md, simulated
 
 SMS = [32, 48, 72, 96, 112, 128, 132]  # the H200 run-3 partitions; 132 is the all-lowprio top
 # Decode P99 (ms) per decode batch and split, shaped like run 3's H200 measurements (steady

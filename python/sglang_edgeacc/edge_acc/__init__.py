@@ -6,13 +6,12 @@
 * ``ordering``: explicit cross-process GPU ordering (interprocess CUDA events in a ring, or a
   host synchronisation), no-ops on the CPU.
 * ``sm_partition``: the environment each side is spawned with for its SM share (MPS thread
-  percentage or a green-context percentage) and the green-context stream helper.
+  percentage or a green-context percentage, and MPS client priority), the green-context stream
+  helper, and the one definition of the SM modes.
 * ``adaptive_partitions``: the pre-built green-context partitions (and the whole-GPU
   least-priority top) the adaptive split runs prefill batches on.
 * ``adaptive_split``: the policy that picks a partition per prefill batch from the decode
   side's step times, its load and the SLOs (standard library only).
-* ``disjoint_green``: two green contexts on disjoint SMs from one driver split (a co-partition
-  that confines decode too; measured in the issue-7 benchmark, not used by the server).
 * ``mps`` / ``mps_cli``: the MPS control daemon's lifecycle (``sglang-edgeacc mps``).
 
 None of these modules imports sglang, so they run from the repository with ``PYTHONPATH=python``.

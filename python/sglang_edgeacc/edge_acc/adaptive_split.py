@@ -163,7 +163,7 @@ class AdaptiveSplitConfig:
     # the last rate_window_s): a queue that grows breaches any TTFT SLO later, and the
     # backlog it leaves outlives the burst (calm-2's TTFT miss). Relax only when the split
     # below would keep up with the arrivals with margin. Off by default: on the H200
-    # (docs/benchmarks.md, run 3) it cut calm-2's TTFT P90 from 3.15 s to 2.66 s but grew
+    # (docs/benchmarks-history.md, run 3) it cut calm-2's TTFT P90 from 3.15 s to 2.66 s but grew
     # into a split never measured at that load and broke the burst's ITL target.
     grow_on_arrivals: bool = False
     arrival_growth_fraction: float = 0.9  # grow when arrivals > this x the service rate here

@@ -44,6 +44,8 @@ MPS_PRIORITY_VAR = "CUDA_MPS_CLIENT_PRIORITY"
 MPS_PRIORITIES: tuple[str, ...] = ("below-normal", "normal")
 GREEN_CONTEXT_PERCENT_VAR = "EDGEACC_GREEN_CONTEXT_SM_PERCENT"
 SM_PARTITION_MODES: tuple[str, ...] = ("mps", "green-context", "adaptive", "none")
+# The modes whose prefill side runs on green-context streams.
+GREEN_CONTEXT_MODES: tuple[str, ...] = ("green-context", "adaptive")
 ROLES: tuple[str, ...] = ("prefill", "decode")
 _PERCENT_FLAGS = {"prefill": "--edge-acc-prefill-sm-percent", "decode": "--edge-acc-decode-sm-percent"}
 
@@ -287,6 +289,7 @@ __all__ = [
     "GreenContextStream",
     "MPS_PERCENT_VAR",
     "ROLES",
+    "GREEN_CONTEXT_MODES",
     "SM_PARTITION_MODES",
     "SmPartitionError",
     "apply_child_env",

@@ -39,8 +39,9 @@ One row per module of ``PATCH_MODULES`` (a test checks that every row exists).
   from the platform (``get_platform()``) instead of ``SGLANG_USE_CPU_ENGINE``.
 * ``edge_acc`` — target: ``sglang.srt.managers.scheduler.Scheduler`` (class
   REPLACE); on the prefill side only, ``KVCacheConfigurator._resolve_memory_pool_config``,
-  ``model_loader.loader.get_model_loader`` and
-  ``MHATokenToKVPool._create_buffers_normal`` (AROUND); plus the scheduler,
+  ``model_loader.loader.get_model_loader``,
+  ``MHATokenToKVPool._create_buffers_normal`` and ``ReqToTokenPool.__init__``
+  (AROUND); plus the scheduler,
   worker, loader and pool symbols the EdgeAcc scheduler calls, checked for
   their signatures. Installed only in processes of a launch with
   ``--enable-edge-acc`` (``SGLANG_EDGEACC=1``). Why: upstream has no intra-GPU
@@ -50,7 +51,12 @@ One row per module of ``PATCH_MODULES`` (a test checks that every row exists).
   scheduler for both sides; the prefill side takes its decode side's pool
   sizes, builds its model on the meta device and binds the decode side's
   weights (``SharedWeightsLoader``), and builds its KV pool on the decode
-  side's buffers with upstream's ``_assign_post_capture_tensors``. Upstream's
+  side's buffers with upstream's ``_assign_post_capture_tensors``. Its
+  request-to-token pool takes the decode side's table as it is built: upstream
+  hands the table to the KV index translator when the pool is built and to the
+  attention backends and CUDA graphs after, and each keeps the tensor it was
+  given, so a table swapped in later would leave them reading a private, empty
+  one (the prefill side checks every reader at start). Upstream's
   ``run_event_loop`` still runs (schedule stream, WAR barrier, accounting); the
   two loops it dispatches to, ``event_loop_overlap`` and ``event_loop_normal``,
   are the EdgeAcc loops of the side. Request grammars cross to the prefill side
