@@ -179,7 +179,7 @@ def server_memory(server: SglangServer) -> dict[str, int]:
 
 
 def run_arm(arm: str, platform: str, model: str, dummy: bool, workloads: dict[str, Workload],
-            log_dir: pathlib.Path, fingerprint_vocab: int) -> dict:
+            log_dir: pathlib.Path, fingerprint_vocab: int, layout: tuple[str, ...] = ()) -> dict:
     from server_suite import fingerprint  # tests/gpu/server_suite.py
 
     flags, uses_mps = ARMS[arm]
@@ -188,9 +188,9 @@ def run_arm(arm: str, platform: str, model: str, dummy: bool, workloads: dict[st
     if uses_mps and platform == "cuda" and os.environ.get("EDGEACC_SUITE_MPS_PIPE"):
         env = {"CUDA_MPS_PIPE_DIRECTORY": os.environ["EDGEACC_SUITE_MPS_PIPE"],
                "CUDA_MPS_LOG_DIRECTORY": os.environ.get("EDGEACC_SUITE_MPS_LOG", os.environ["EDGEACC_SUITE_MPS_PIPE"])}
-    server = SglangServer(args=(*common, *flags), model_path=model, platform=platform, dummy_weights=dummy,
+    server = SglangServer(args=(*common, *layout, *flags), model_path=model, platform=platform, dummy_weights=dummy,
                           env=env, startup_timeout_s=420)
-    entry: dict = {"flags": [*common, *flags]}
+    entry: dict = {"flags": [*common, *layout, *flags]}
     try:
         server.start()
         entry["started_s"] = round(server.started_s, 1)
@@ -283,6 +283,8 @@ def main(argv=None) -> int:
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--platform", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--dry-run", action="store_true", help="tiny model and tiny workloads (checks the script)")
+    parser.add_argument("--layout", default="", help="flags added to every arm, e.g. '--tp 2' or "
+                        "'--tp 2 --dp 2 --enable-dp-attention' (the same layout for upstream and EdgeAcc)")
     parser.add_argument("--out", default="")
     parser.add_argument("--workdir", default="")
     parser.add_argument("--report", nargs="*", help="print the table of earlier --out files and exit")
@@ -309,9 +311,11 @@ def main(argv=None) -> int:
         model, dummy, vocab = str(serving_models.tiny_model_with_production_tokenizer(workdir / "tiny-prod-tok")), True, 500
     else:
         model, dummy, vocab = str(serving_models.qwen3_8b_shaped_model(workdir / "qwen3-8b")), True, 151000
-    results = {"platform": args.platform, "model": model, "common_args": list(COMMON_ARGS), "arms": {}}
+    results = {"platform": args.platform, "model": model, "common_args": list(COMMON_ARGS),
+               "layout": args.layout, "arms": {}}
     for arm in args.arms.split(","):
-        results["arms"][arm] = run_arm(arm, args.platform, model, dummy, workloads, log_dir, vocab)
+        results["arms"][arm] = run_arm(arm, args.platform, model, dummy, workloads, log_dir, vocab,
+                                       layout=tuple(args.layout.split()))
         out.write_text(json.dumps(results, indent=1))
     print(ratio_table(results["arms"]))
     print(outputs_table(results["arms"]))

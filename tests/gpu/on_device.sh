@@ -5,15 +5,15 @@
 #
 # Steps (run in order, each under its own time limit):
 #   suite[:FAMILIES]              tests/gpu/server_suite.py (FAMILIES comma-separated, default all)
-#   bench:ARMS[:WORKLOADS]        benchmarks/serving_vs_upstream.py, ARMS/WORKLOADS comma-separated
-#   faults                        tests/gpu/server_faults.py
+#   bench:ARMS[:WORKLOADS]        benchmarks/serving_vs_upstream.py, ARMS/WORKLOADS comma-separated;
+#                                 BENCH_LAYOUT="--tp 2" (say) adds a layout to every arm
 #   mps-priority                  benchmarks/latency_physics.py, prefill side at normal and below-normal priority
 #
 # EdgeAcc servers are MPS clients of the daemon (EDGEACC_SUITE_MPS_PIPE names its pipe directory);
 # plain sglang servers are not. Results: $OUT/*.json, $OUT/summary.txt, all logs in $OUT/logs.tgz
 # (the device tool returns at most 8 files).
 set -u
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 OUT=${OUT:-/tmp/edgeacc-out}
 mkdir -p "$OUT"
 WORK=/tmp/edgeacc-device-work
@@ -57,7 +57,11 @@ trap finish EXIT INT TERM
 
 CUDA_MPS_PIPE_DIRECTORY=$EDGEACC_SUITE_MPS_PIPE CUDA_MPS_LOG_DIRECTORY=$EDGEACC_SUITE_MPS_LOG nvidia-cuda-mps-control -d
 sleep 1
-[ -e "$EDGEACC_SUITE_MPS_PIPE/control" ] && echo "MPS: daemon up" | tee -a "$SUMMARY" || echo "MPS: daemon did NOT start" | tee -a "$SUMMARY"
+if [ -e "$EDGEACC_SUITE_MPS_PIPE/control" ]; then
+  echo "MPS: daemon up" | tee -a "$SUMMARY"
+else
+  echo "MPS: daemon did NOT start" | tee -a "$SUMMARY"
+fi
 
 run_step() {  # name, limit, command...
   local name=$1 limit=$2; shift 2
@@ -78,10 +82,7 @@ for step in "$@"; do
         --workdir "$WORK/models" ${a:+--families "$a"} ;;
     bench)
       run_step "bench$i" "$STEP_LIMIT_S" python3 benchmarks/serving_vs_upstream.py --out "$OUT/bench$i.json" \
-        --workdir "$WORK/models" --arms "$a" ${b:+--workloads "$b"} ;;
-    faults)
-      run_step "faults$i" "$STEP_LIMIT_S" python3 tests/gpu/server_faults.py --out "$OUT/faults$i.json" \
-        --workdir "$WORK/models" ;;
+        --workdir "$WORK/models" --arms "$a" ${b:+--workloads "$b"} ${BENCH_LAYOUT:+--layout "$BENCH_LAYOUT"} ;;
     mps-priority)
       run_step "mps_priority$i" "${MPS_PRIORITY_LIMIT_S:-150}" env CUDA_MPS_PIPE_DIRECTORY="$EDGEACC_SUITE_MPS_PIPE" \
         CUDA_MPS_LOG_DIRECTORY="$EDGEACC_SUITE_MPS_LOG" PYTHONPATH=python python3 benchmarks/latency_physics.py \
