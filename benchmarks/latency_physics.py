@@ -50,8 +50,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "tests"))  # segment_pool
 
 from qwen3_shaped import Qwen3Forward, Qwen3Shape, compare_with_transformers, random_weights  # noqa: E402
+from segment_pool import allocate_single_segment, layer_views  # noqa: E402
 
 from sglang_edgeacc.edge_acc.ordering import ReadFence, WriteFence  # noqa: E402
 from sglang_edgeacc.edge_acc.sm_partition import (  # noqa: E402
@@ -60,12 +62,7 @@ from sglang_edgeacc.edge_acc.sm_partition import (  # noqa: E402
     mps_priority_env,
     visible_sm_count,
 )
-from sglang_edgeacc.edge_acc.tensor_share import (  # noqa: E402
-    allocate_single_segment,
-    export_tensors,
-    import_tensors,
-    layer_views,
-)
+from sglang_edgeacc.edge_acc.tensor_share import export_tensors, import_tensors  # noqa: E402
 
 logger = logging.getLogger("latency_physics")
 

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 sys.path.insert(0, str(ROOT / "python"))
 
-from harness import SglangServer  # noqa: E402
+from harness import SglangServer, gpu_memory_by_pid  # noqa: E402
 import serving_models  # noqa: E402
 
 COMMON_ARGS = ("--mem-fraction-static", "0.6", "--cuda-graph-max-bs-decode", "128")
@@ -147,21 +147,6 @@ def run_workloads(server: SglangServer, model: str, workloads: dict[str, Workloa
         results[name] = picked
     print(f"[bench] workloads took {time.monotonic() - started:.0f} s", flush=True)
     return results
-
-
-def gpu_memory_by_pid() -> dict[int, int]:
-    """MiB of GPU memory per process, from nvidia-smi (empty where it is missing)."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    usage = {}
-    for line in out.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
-            usage[int(parts[0])] = int(parts[1])
-    return usage
 
 
 def server_memory(server: SglangServer) -> dict[str, int]:

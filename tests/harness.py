@@ -114,6 +114,21 @@ def cpu_server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 GPU_BACKEND_ARGS = ("--attention-backend", "triton", "--sampling-backend", "pytorch")
 
 
+def gpu_memory_by_pid() -> dict[int, int]:
+    """MiB of GPU memory per process, from nvidia-smi (empty where it is missing). Under MPS each client is listed."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    usage = {}
+    for line in out.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+            usage[int(parts[0])] = int(parts[1])
+    return usage
+
+
 def gpu_server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("SGLANG_PLATFORM", None)

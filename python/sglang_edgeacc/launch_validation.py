@@ -1,7 +1,8 @@
 """Refuse, at argument-parsing time, the launches EdgeAcc cannot serve.
 
 Each rule names the flag the user typed and what to do instead; the error is
-raised before any model, device or process is touched.
+raised before any model, device or process is touched. What an accepted launch
+then sets up in the launcher's environment is :mod:`sglang_edgeacc.launch_environment`.
 """
 
 from __future__ import annotations
@@ -88,12 +89,11 @@ def validate_launch(flags: EdgeAccFlags, args: argparse.Namespace) -> None:
             raise EdgeAccConfigError(f"--enable-edge-acc with {rule.flag}: {rule.why_and_fix}")
 
 
-def _on_cpu_platform(args: argparse.Namespace) -> bool:
+def on_cpu_platform(args: argparse.Namespace) -> bool:
+    """Whether this launch runs on the CPU, where no SM split or CUDA graph applies."""
     from sglang_edgeacc.platform import is_selected
 
     return is_selected() or getattr(args, "device", None) == "cpu" or os.environ.get("SGLANG_USE_CPU_ENGINE") == "1"
-
-
 
 
 def _prefill_graph_backend_asked(args: argparse.Namespace) -> Optional[str]:
@@ -114,15 +114,15 @@ def keep_prefill_graphs_inside_green_contexts(flags: EdgeAccFlags, args: argpars
 
     A CUDA graph's kernels run on the SMs of the stream it was *captured* on, not the
     stream it is replayed on (H200: a decode graph captured outside a 16-SM green context
-    and replayed on it ran at whole-GPU speed, 13.9 ms against 50 ms; docs/benchmarks-history.md,
-    run 7). Upstream captures its prefill graphs before the prefill side picks a
+    and replayed on it ran at whole-GPU speed, 13.9 ms against 50 ms; docs/benchmarks-history.md).
+    Upstream captures its prefill graphs before the prefill side picks a
     partition, so they would escape the split. The prefill side therefore runs eager
     under ``--edge-acc-sm-partition green-context|adaptive``: the default graph is turned
     off here, an explicit one is refused.
     """
     if not flags.enable_edge_acc or flags.edge_acc_sm_partition not in GREEN_CONTEXT_MODES:
         return
-    if _on_cpu_platform(args):
+    if on_cpu_platform(args):
         return
     asked = _prefill_graph_backend_asked(args)
     if asked is not None and asked != "disabled":
@@ -139,43 +139,3 @@ def keep_prefill_graphs_inside_green_contexts(flags: EdgeAccFlags, args: argpars
             "launched on their streams; a graph keeps the SMs of the stream it was captured on)",
             flags.edge_acc_sm_partition,
         )
-
-
-def prepare_edge_acc_launch(flags: EdgeAccFlags, args: argparse.Namespace) -> None:
-    """Launcher side of an accepted EdgeAcc launch: environment every child inherits.
-
-    ``SGLANG_EDGEACC=1`` makes the scheduler processes install the EdgeAcc
-    scheduler; the decode side's SM share is set here because upstream spawns
-    the decode sides (and they must see it before CUDA starts). The prefill
-    side's share is set by its decode side when it spawns it.
-    """
-    from sglang_edgeacc.edge_acc_server.roles import ENABLED_ENV
-
-    os.environ[ENABLED_ENV] = "1"
-    if _on_cpu_platform(args):
-        logger.info("[edgeacc] CPU platform: the two sides time-slice the host; SM split is off")
-        return
-    if flags.edge_acc_sm_partition != "none":
-        # Kernels of two processes run at the same time only under MPS, whatever
-        # confines them (an MPS percentage, or green contexts inside an
-        # unlimited MPS client).
-        from sglang_edgeacc.edge_acc.mps import MpsError, require_daemon
-
-        try:
-            require_daemon()
-        except MpsError as exc:
-            raise EdgeAccConfigError(
-                f"--edge-acc-sm-partition {flags.edge_acc_sm_partition} needs a running CUDA MPS control "
-                f"daemon: {exc} (or run time-sliced with --edge-acc-sm-partition none)"
-            ) from exc
-    from sglang_edgeacc.edge_acc.sm_partition import MPS_PERCENT_VAR, mps_priority_env
-
-    if flags.edge_acc_sm_partition == "mps":
-        os.environ[MPS_PERCENT_VAR] = str(flags.edge_acc_decode_sm_percent)
-    os.environ.update(mps_priority_env("decode", flags.edge_acc_prefill_mps_priority, flags.edge_acc_sm_partition))
-    from sglang_edgeacc.edge_acc.tensor_share import AllocatorNotShareableError, refuse_unshareable_cuda_allocator
-
-    try:
-        refuse_unshareable_cuda_allocator()
-    except AllocatorNotShareableError as exc:
-        raise EdgeAccConfigError(str(exc)) from exc

@@ -13,7 +13,8 @@ import torch
 from sglang_edgeacc.edge_acc import sm_partition
 from sglang_edgeacc.edge_acc.adaptive_partitions import build_partitions_or_warn
 from sglang_edgeacc.edge_acc.sm_partition import MPS_PERCENT_VAR, child_env
-from sglang_edgeacc.edge_acc_server.decode_side import DecodeSideMixin, queued_prompt_tokens
+from sglang_edgeacc.edge_acc_server.decode_side import DecodeSideScheduler, queued_prompt_tokens
+from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStepTimes
 from sglang_edgeacc.edge_acc_server.prefill_side import runner_gpu
 
 
@@ -36,14 +37,12 @@ def test_the_queue_includes_the_rest_of_the_prompt_being_chunked():
     assert queued_prompt_tokens([], _req(4096, extend_end=None)) == 0
 
 
-class _DecodeSide(DecodeSideMixin):
+class _DecodeSide(DecodeSideScheduler):
     """Only what _edge_process_decode_result reads."""
 
     def __init__(self):
-        self._edge_adaptive = True
-        self._edge_decode_steps = []
-        self._edge_last_decode_done = None
-        self._edge_inflight = None
+        self.decode_step_times = DecodeStepTimes(enabled=True)
+        self.prefill_link = SimpleNamespace(busy=False)
 
     def process_batch_result(self, batch, result):
         pass
@@ -54,11 +53,11 @@ def test_decode_steps_count_only_while_a_prefill_batch_runs_next_to_them():
     decode = SimpleNamespace(forward_mode=SimpleNamespace(is_decode=lambda: True))
     for _ in range(4):  # the prefill side is idle: these steps belong to no partition
         side._edge_process_decode_result(decode, None)
-    assert side._edge_decode_steps == []
-    side._edge_inflight = object()
+    assert side.decode_step_times.take() == ()
+    side.prefill_link.busy = True
     for _ in range(3):
         side._edge_process_decode_result(decode, None)
-    assert len(side._edge_decode_steps) == 3
+    assert len(side.decode_step_times.take()) == 3
 
 
 def test_adaptive_without_green_contexts_starts_the_prefill_side_on_the_fixed_mps_split(monkeypatch, caplog):

@@ -17,7 +17,8 @@ import pytest
 
 from sglang_edgeacc.ascend import hccl_budget as hb
 from sglang_edgeacc.ascend.launch_settings import LaunchArgumentsError, parse_tolerant
-from sglang_edgeacc.ascend.preflight_checks import FAIL, PASS, WARN, run_preflight
+from sglang_edgeacc.ascend.preflight_checks import run_preflight
+from sglang_edgeacc.ascend.preflight_report import FAIL, PASS, WARN
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "ascend")
 MB = 1024 * 1024

@@ -10,37 +10,16 @@ output ids as before the bad input. An empty prompt used to kill the scheduler
 from __future__ import annotations
 
 import json
-import socket
-import time
 
 import pytest
 import requests
+from bad_requests import BAD_INPUTS, send_half_a_request
 
 pytestmark = pytest.mark.server
 
 PLAIN = ("--chunked-prefill-size", "128")
 EDGE = (*PLAIN, "--enable-edge-acc")
 LAUNCHES = {"plain": PLAIN, "edge_acc": EDGE}
-
-# Well over the tiny model's 4096 positions once tokenized (about 4-5 tokens a word).
-TOO_LONG = " ".join(f"token{i}" for i in range(2000))
-
-# name -> (request body, pattern the error message must match)
-BAD_INPUTS = {
-    "empty_text": ({"text": ""}, "empty after tokenization"),
-    "empty_text_in_batch": ({"text": ["Hello", ""]}, "empty after tokenization"),
-    "empty_input_ids": ({"input_ids": []}, "input_ids cannot be empty"),
-    "empty_input_ids_in_batch": ({"input_ids": [[5, 6], []]}, "is empty"),
-    "empty_input_ids_batch_of_one": ({"input_ids": [[]]}, "is empty"),
-    "longer_than_context": ({"text": TOO_LONG}, "longer than the model's context length"),
-    "negative_temperature": ({"text": "Hello", "sampling_params": {"temperature": -1}}, "temperature"),
-    "top_p_above_one": ({"text": "Hello", "sampling_params": {"top_p": 2}}, "top_p"),
-    "negative_max_new_tokens": ({"text": "Hello", "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
-    "unparsable_json_schema": (
-        {"text": "Hello", "sampling_params": {"json_schema": "{not json", "max_new_tokens": 4}},
-        "json grammar",
-    ),
-}
 
 PROBE = "The quick brown fox"
 
@@ -142,12 +121,8 @@ def test_zero_new_tokens_returns_no_tokens(cpu_servers):
 
 
 def test_a_client_that_closes_halfway_through_its_body_does_not_harm_the_server(cpu_servers):
-    head = (b"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            b"Content-Type: application/json\r\nContent-Length: 200\r\n\r\n")
     for launch in LAUNCHES:
         server = _server(cpu_servers, launch)
         before = _probe_ids(server)
-        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as conn:
-            conn.sendall(head + b'{"text": "Hello world", "sampling_params": {"max_new_to')
-            time.sleep(0.5)
+        send_half_a_request(server.port)
         _assert_still_serving(server, before, f"a half-sent body on {launch}")

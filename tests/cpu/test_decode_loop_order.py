@@ -2,7 +2,7 @@
 
 The real-server tests (test_edge_acc_server.py) show that outputs are
 upstream's with the overlap schedule on and off; they cannot see *when* a
-result is processed. Here the loop of :class:`DecodeSideMixin` runs against a
+result is processed. Here the loop of :class:`DecodeSideScheduler` runs against a
 recording stand-in for the rest of the scheduler, and the order of launches,
 result processing and delayed sampling is checked against the rules upstream's
 ``event_loop_overlap`` follows.
@@ -15,7 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_edgeacc.edge_acc_server.decode_side import DecodeSideMixin
+from sglang_edgeacc.edge_acc_server.decode_side import DecodeSideScheduler
+from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStepTimes
 
 
 class _DecodeBatch:
@@ -27,7 +28,22 @@ class _DecodeBatch:
         return _DecodeBatch(self.step)
 
 
-class _RecordingDecodeSide(DecodeSideMixin):
+class _RecordingLink:
+    """The prefill side's link, never busy: only its stop is recorded."""
+
+    busy = False
+
+    def __init__(self, events):
+        self._events = events
+
+    def check_alive(self):
+        pass
+
+    def stop(self):
+        self._events.append(("stop", 0))
+
+
+class _RecordingDecodeSide(DecodeSideScheduler):
     """The decode loop with everything around it replaced by a recorder."""
 
     def __init__(self, overlap: bool, steps: int):
@@ -38,9 +54,8 @@ class _RecordingDecodeSide(DecodeSideMixin):
         self.result_queue = deque()
         self.gracefully_exit = False
         self._engine_paused = False
-        self._edge_inflight = None
-        self._edge_adaptive = False
-        self._edge_last_decode_done = None
+        self.prefill_link = _RecordingLink(self.events)
+        self.decode_step_times = DecodeStepTimes(enabled=False)
         self.waiting_queue = []
         self.running_batch = SimpleNamespace(batch_size=lambda: 1)
         self.edge_acc_stats = SimpleNamespace(record_queues=lambda *a: None)
@@ -51,9 +66,6 @@ class _RecordingDecodeSide(DecodeSideMixin):
     def ingest_requests(self):
         pass
 
-    def _edge_check_prefill_side(self):
-        pass
-
     def _edge_collect_prefill(self):
         pass
 
@@ -62,9 +74,6 @@ class _RecordingDecodeSide(DecodeSideMixin):
 
     def _edge_log_prefix(self):
         return "[edgeacc decode tp0]"
-
-    def _edge_stop_prefill_side(self):
-        self.events.append(("stop", 0))
 
     def on_idle(self):
         pass
@@ -137,19 +146,19 @@ def test_a_failing_step_still_stops_the_prefill_side(overlap):
     assert side.events[-1] == ("stop", 0)
 
 
-class _IdleUpstream:
-    def is_fully_idle(self, for_health_check=False, ignore_waiting=False):
-        return True
-
-
-class _IdleDecodeSide(DecodeSideMixin, _IdleUpstream):
-    pass
-
-
-def test_a_prefill_in_flight_keeps_the_decode_side_busy():
+def test_a_prefill_in_flight_keeps_the_decode_side_busy(monkeypatch):
     """/flush_cache and health checks ask is_fully_idle; in-flight requests are in no queue but hold slots."""
-    side = _IdleDecodeSide()
-    side._edge_inflight = object()
+    from sglang.srt.managers.scheduler import Scheduler
+
+    from sglang_edgeacc.edge_acc_server.prefill_link import PrefillLink
+
+    # Upstream's answer, with nothing queued or running.
+    monkeypatch.setattr(Scheduler, "is_fully_idle", lambda self, for_health_check=False, ignore_waiting=False: True)
+    side = DecodeSideScheduler.__new__(DecodeSideScheduler)
+    # As the decode side's constructor builds it: unstarted, and asked before it starts.
+    side.prefill_link = PrefillLink(server_args=None, decode_port_args=None, log_prefix=lambda: "[edgeacc decode tp0]")
+    assert side.is_fully_idle() is True
+    side.prefill_link.inflight = object()
     assert side.is_fully_idle() is False
-    side._edge_inflight = None
+    side.prefill_link.inflight = None
     assert side.is_fully_idle(ignore_waiting=True) is True

@@ -19,6 +19,7 @@ import psutil
 import pytest
 import requests
 
+from fault_injection import edgeacc_faults
 from harness import CpuServer
 
 pytestmark = pytest.mark.server
@@ -162,7 +163,7 @@ def test_idle_dp_group_deadlocks_without_the_idle_batch_fix():
     """The regression test bites: with the idle-group sync switched off, a lone request hangs."""
     server = CpuServer(args=("--tp", "2", "--dp", "2", "--enable-dp-attention", "--enable-edge-acc",
                              "--skip-server-warmup"))
-    server.start(env={"SGLANG_EDGEACC_TEST_SKIP_IDLE_SYNC": "1"})
+    server.start(env=edgeacc_faults.server_env(**{edgeacc_faults.SKIP_IDLE_SYNC_ENV: "1"}))
     try:
         with pytest.raises(requests.exceptions.ReadTimeout):
             requests.post(f"{server.url}/generate",
@@ -223,7 +224,7 @@ def test_a_prefill_side_failing_at_start_takes_a_dp_server_down(monkeypatch):
     started = time.monotonic()
     try:
         with pytest.raises(RuntimeError, match="server exited with"):
-            server.start(env={"SGLANG_EDGEACC_TEST_FAIL_PREFILL_START_DP_RANK": "1"})
+            server.start(env=edgeacc_faults.server_env(**{edgeacc_faults.FAIL_START_DP_RANK_ENV: "1"}))
         log = server.log_tail(200_000)
         assert "test fault" in log  # the prefill side of DP rank 1 failed ...
         assert "PrefillSideFailed" in log  # ... and its decode side went down through its error path

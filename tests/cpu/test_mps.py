@@ -204,7 +204,7 @@ def test_pipe_and_log_dir_flags_override_the_environment(mps_env, tmp_path):
 
 
 def test_require_daemon(mps_env, monkeypatch):
-    from sglang_edgeacc.edge_acc import mps as mps_mod
+    from sglang_edgeacc.mps import daemon as mps_mod
 
     monkeypatch.setenv("PATH", mps_env["PATH"])
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", mps_env["CUDA_MPS_PIPE_DIRECTORY"])
@@ -232,7 +232,7 @@ def test_timeout_settings_are_validated(mps_env):
 
 
 def test_parse_cuda_version():
-    from sglang_edgeacc.edge_acc.mps import parse_cuda_version
+    from sglang_edgeacc.mps.daemon import parse_cuda_version
 
     header = "| NVIDIA-SMI 580.65.06   Driver Version: 580.65.06   CUDA Version: 13.0     |"
     assert parse_cuda_version(header) == (13, 0)

@@ -9,7 +9,7 @@ import torch
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 
 from sglang_edgeacc.edge_acc_server.messages import PrefillResult
-from sglang_edgeacc.edge_acc_server.prefill_side import PrefillSideMixin, host_logits_output
+from sglang_edgeacc.edge_acc_server.prefill_side import PrefillSideScheduler, host_logits_output
 
 
 def _borrowed_output():
@@ -30,7 +30,7 @@ def test_a_reply_from_the_graph_borrow_path_pickles_with_its_spans_flattened():
     output = _borrowed_output()
     result = SimpleNamespace(next_token_ids=torch.tensor([7]), logits_output=output)
     batch = SimpleNamespace(return_logprob=True, return_hidden_states=False)
-    reply = PrefillSideMixin._edge_prefill_reply(None, SimpleNamespace(seq=3), batch, result)
+    reply = PrefillSideScheduler._edge_prefill_reply(None, SimpleNamespace(seq=3), batch, result)
     assert isinstance(reply, PrefillResult) and reply.seq == 3 and reply.next_token_ids == [7]
     sent = pickle.loads(pickle.dumps(reply))  # an event in it would raise here
     assert sent.logits_output.input_logprobs_copy_done is None

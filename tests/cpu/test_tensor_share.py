@@ -16,16 +16,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_edgeacc.edge_acc.tensor_share import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from segment_pool import allocate_single_segment, kv_pool_layer_specs, layer_views  # noqa: E402
+
+from sglang_edgeacc.edge_acc.tensor_share import (  # noqa: E402
     AllocatorNotShareableError,
     SharedTensors,
     SharedTensorsError,
-    allocate_single_segment,
     bind_into_module,
     export_tensors,
     import_tensors,
-    kv_pool_layer_specs,
-    layer_views,
     module_tensors,
     refuse_unshareable_cuda_allocator,
 )

@@ -8,6 +8,8 @@
 #   bench:ARMS[:WORKLOADS]        benchmarks/serving_vs_upstream.py, ARMS/WORKLOADS comma-separated;
 #                                 BENCH_LAYOUT="--tp 2" (say) adds a layout to every arm
 #   mps-priority                  benchmarks/latency_physics.py, prefill side at normal and below-normal priority
+#   faults[:CASES]                tests/gpu/faults.py (CASES comma-separated, default all; FAULTS_SOAK_S, default 300)
+#   bg+STEP                       STEP in the background, beside the steps after it (waited for at the end)
 #
 # EdgeAcc servers are MPS clients of the daemon (EDGEACC_SUITE_MPS_PIPE names its pipe directory);
 # plain sglang servers are not. Results: $OUT/*.json, $OUT/summary.txt, all logs in $OUT/logs.tgz
@@ -72,28 +74,46 @@ run_step() {  # name, limit, command...
   tail -n 40 "$WORK/logs/$name.log" >>"$SUMMARY"
 }
 
-i=0
-for step in "$@"; do
-  i=$((i + 1))
-  IFS=: read -r kind a b <<<"$step"
+run_one() {  # index, kind, a, b
+  local i=$1 kind=$2 a=$3 b=$4
   case $kind in
     suite)
       run_step "suite$i" "$STEP_LIMIT_S" python3 tests/gpu/server_suite.py --out "$OUT/suite$i.json" \
-        --workdir "$WORK/models" ${a:+--families "$a"} ;;
+        --workdir "$WORK/models$i" ${a:+--families "$a"} ;;
     bench)
       run_step "bench$i" "$STEP_LIMIT_S" python3 benchmarks/serving_vs_upstream.py --out "$OUT/bench$i.json" \
-        --workdir "$WORK/models" --arms "$a" ${b:+--workloads "$b"} ${BENCH_LAYOUT:+--layout "$BENCH_LAYOUT"} ;;
+        --workdir "$WORK/models$i" --arms "$a" ${b:+--workloads "$b"} ${BENCH_LAYOUT:+--layout "$BENCH_LAYOUT"} ;;
+    faults)
+      run_step "faults$i" "$STEP_LIMIT_S" python3 tests/gpu/faults.py --out "$OUT/faults$i.json" \
+        --workdir "$WORK/models$i" ${a:+--cases "$a"} --soak-s "${FAULTS_SOAK_S:-300}" ;;
     mps-priority)
       run_step "mps_priority$i" "${MPS_PRIORITY_LIMIT_S:-150}" env CUDA_MPS_PIPE_DIRECTORY="$EDGEACC_SUITE_MPS_PIPE" \
         CUDA_MPS_LOG_DIRECTORY="$EDGEACC_SUITE_MPS_LOG" PYTHONPATH=python python3 benchmarks/latency_physics.py \
         --device cuda:0 --chunks 2048 --no-graphed-chunks --mps-shares 80,100 \
         --prefill-priorities normal,below-normal --seconds 4 --out "$WORK/logs"
       cp "$WORK/logs/latency_physics.json" "$OUT/mps_priority$i.json" 2>/dev/null ;;
-    *) echo "unknown step $step" | tee -a "$SUMMARY" ;;
+    *) echo "unknown step $kind" | tee -a "$SUMMARY" ;;
   esac
-  # Suite and benchmark logs live beside their JSON; keep them in the tarball, not as separate files.
-  for d in "$OUT"/suite_logs "$OUT"/bench_logs "$OUT"/faults_logs; do
-    [ -d "$d" ] && { mkdir -p "$WORK/logs/$(basename "$d")$i"; mv "$d"/* "$WORK/logs/$(basename "$d")$i/" 2>/dev/null; rmdir "$d"; }
-  done
+}
+
+i=0
+background=()
+for step in "$@"; do
+  i=$((i + 1))
+  bg=0
+  [[ $step == bg+* ]] && { bg=1; step=${step#bg+}; }
+  IFS=: read -r kind a b <<<"$step"
+  if [ "$bg" = 1 ]; then
+    run_one "$i" "$kind" "$a" "$b" &
+    background+=($!)
+  else
+    run_one "$i" "$kind" "$a" "$b"
+  fi
+done
+for pid in "${background[@]}"; do wait "$pid"; done
+# Suite, benchmark and fault logs live beside their JSON; keep them in the tarball, not as separate files
+# (every step's JSON names its own log folder: <kind><i>.json writes <kind>_logs, moved here once all ended).
+for d in "$OUT"/suite_logs "$OUT"/bench_logs "$OUT"/faults_logs; do
+  [ -d "$d" ] && { mkdir -p "$WORK/logs/$(basename "$d")"; mv "$d"/* "$WORK/logs/$(basename "$d")/" 2>/dev/null; rmdir "$d"; }
 done
 cat "$SUMMARY"

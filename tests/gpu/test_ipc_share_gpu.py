@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # tests/: segment_pool
 from proof_support import (  # noqa: E402
     Child,
     child_send,
@@ -35,14 +36,13 @@ from proof_support import (  # noqa: E402
     pattern_mismatched_bytes,
     salt_of,
 )
+from segment_pool import allocate_single_segment, kv_pool_layer_specs  # noqa: E402
 
 from sglang_edgeacc.edge_acc.sm_partition import child_env, visible_sm_count  # noqa: E402
 from sglang_edgeacc.edge_acc.tensor_share import (  # noqa: E402
-    allocate_single_segment,
     bind_into_module,
     export_tensors,
     import_tensors,
-    kv_pool_layer_specs,
     module_tensors,
 )
 

@@ -16,7 +16,7 @@ Two ways in, one record out (:class:`LaunchSettings`):
 
 Reading is kept free of defaults that depend on the device: the few the checks
 need (chunked prefill size, decode CUDA-graph batch sizes) are filled in by
-:mod:`.preflight_checks`, which says in its messages when it assumed one.
+:mod:`.dispatch_plan`, which says in its messages when it assumed one.
 """
 
 from __future__ import annotations

@@ -7,18 +7,8 @@ batches" or die in a DeepEP kernel (``aclnnDispatchNormalA2``,
 ``sglang-edgeacc doctor`` and the launcher hook call; nothing here imports
 sglang or torch.
 
-Token counts per rank are derived the way sglang 0.5.23 schedules them:
-
-* normal (prefill) dispatch: one prefill batch of a DP rank holds at most
-  ``min(chunked_prefill_size / attn_dp_size, max_prefill_tokens)`` tokens
-  (``max_prefill_tokens`` alone when chunking is off), and sglang scatters it
-  over the ``tp_size / attn_dp_size`` ranks of its attention-TP group before the
-  dispatch (the same division upstream's DeepEP-v2 budget check makes);
-* low-latency (decode) dispatch: the largest decode CUDA graph of a DP rank,
-  ``max(cuda graph batch sizes) x speculative draft tokens`` (capped by
-  ``max_running_requests / attn_dp_size``), must fit under
-  ``SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK``, and the kernels size
-  their window for that value.
+The token counts per rank the dispatch checks compare come from
+:mod:`.dispatch_plan`; the result and report types are in :mod:`.preflight_report`.
 """
 
 from __future__ import annotations
@@ -26,217 +16,36 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from sglang_edgeacc.ascend import hccl_budget as hb
 from sglang_edgeacc.ascend.checkpoint import UNQUANTIZED, CheckpointFacts, read_checkpoint
+from sglang_edgeacc.ascend.dispatch_plan import (
+    ANT_ROUND,
+    ANT_TOKENS,
+    LL_TOKENS_ENV,
+    DispatchPlan,
+    buffer_requirements,
+    env_truthy,
+    plan_dispatch,
+    read_ant_moving,
+)
 from sglang_edgeacc.ascend.hardware import HardwareGuess, detect_hardware
 from sglang_edgeacc.ascend.launch_settings import LaunchSettings
+from sglang_edgeacc.ascend.preflight_report import FAIL, PASS, WARN, AutoSizing, CheckResult, PreflightReport
 
-PASS, WARN, FAIL = "pass", "warn", "fail"
-
-ANT_ROUND = "DEEPEP_NORMAL_LONG_SEQ_ROUND"
-ANT_TOKENS = "DEEPEP_NORMAL_LONG_SEQ_PER_ROUND_TOKENS"
-LL_TOKENS_ENV = "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
 SPEC_ENV_VARS = ("SGLANG_ENABLE_SPEC_V2", "SGLANG_ENABLE_OVERLAP_PLAN_STREAM")
 AUTO_SIZED_VAR = "DEEPEP_HCCL_BUFFSIZE"
 
-# sglang's NPU defaults when the flags are not given (hardware_backend/npu/utils.py,
-# for 64 GB parts: 910B1-B3 and A3; 32 GB 910B4 gets 4096 / 16-64, smaller, so these
-# are the conservative choice).
-NPU_DEFAULT_CHUNKED_PREFILL = 8192
-NPU_DEFAULT_GRAPH_MAX_BS_SMALL_TP = 64
-NPU_DEFAULT_GRAPH_MAX_BS = 256
-# sglang's default speculative setting for DeepSeek NEXTN (3 steps, top-k 1, 4 draft tokens).
-DEFAULT_DRAFT_TOKENS = 4
 # Algorithms that draft with the target checkpoint's own MTP layer unless a draft model is given.
 MTP_ALGORITHMS = ("NEXTN", "EAGLE")
-SPECULATIVE_FLAGS = "--speculative-algorithm/--speculative-num-steps/--speculative-eagle-topk/--speculative-num-draft-tokens"
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    id: str
-    status: str  # "pass" | "warn" | "fail"
-    message: str
-    fix: str = ""
-
-    def to_dict(self) -> dict:
-        return {"id": self.id, "status": self.status, "message": self.message, "fix": self.fix}
-
-
-@dataclass(frozen=True)
-class AutoSizing:
-    """What the launch exports when no HCCL buffer is set, and why."""
-
-    variable: str
-    mb: int
-    required_mb: int
-    margin_mb: int
-    derivation: str
-
-
-@dataclass(frozen=True)
-class PreflightReport:
-    checks: tuple[CheckResult, ...]
-    auto_sizing: Optional[AutoSizing] = None
-    summary: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return not self.failures
-
-    @property
-    def failures(self) -> tuple[CheckResult, ...]:
-        return tuple(c for c in self.checks if c.status == FAIL)
-
-    def by_id(self, check_id: str) -> CheckResult:
-        for check in self.checks:
-            if check.id == check_id:
-                return check
-        raise KeyError(check_id)
-
-    def to_json_dict(self) -> dict:
-        return {"ok": self.ok, "checks": [c.to_dict() for c in self.checks]}
-
-    def render(self) -> str:
-        counts = {s: sum(c.status == s for c in self.checks) for s in (FAIL, WARN, PASS)}
-        head = (
-            f"sglang-edgeacc doctor: {counts[FAIL]} failing, {counts[WARN]} warning, {counts[PASS]} passing"
-            + (f" ({self.summary})" if self.summary else "")
-        )
-        lines = [head]
-        for c in sorted(self.checks, key=lambda c: {FAIL: 0, WARN: 1, PASS: 2}[c.status]):
-            lines.append(f"  {c.status.upper():4} {c.id}: {c.message}")
-            if c.fix and c.status != PASS:
-                lines.append(f"       fix: {c.fix}")
-        if self.auto_sizing is not None:
-            a = self.auto_sizing
-            lines.append(f"  auto-sizing: export {a.variable}={a.mb}  ({a.derivation})")
-        return "\n".join(lines)
+SPECULATIVE_FLAGS = (
+    "--speculative-algorithm/--speculative-num-steps/--speculative-eagle-topk/--speculative-num-draft-tokens"
+)
 
 
 def _shown(value: Optional[str]) -> str:
     return "not set" if value is None else repr(value)
-
-
-def _truthy(value: Optional[str]) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
-
-
-# ---------------------------------------------------------------- derived numbers
-
-
-@dataclass(frozen=True)
-class DispatchPlan:
-    ranks: int
-    layered: bool
-    modes: tuple[str, ...]
-    prefill_tokens_per_rank: int
-    prefill_derivation: str
-    ll_max_dispatch_tokens: int
-    ll_max_dispatch_tokens_raw: Optional[str]
-    graph_tokens_per_rank: Optional[int]  # None when no decode graph bounds the batch
-    graph_derivation: str
-    int8_dispatch: bool
-
-
-def _prefill_tokens(s: LaunchSettings) -> tuple[int, str]:
-    chunked = s.chunked_prefill_size
-    note = ""
-    if chunked is None:
-        chunked = NPU_DEFAULT_CHUNKED_PREFILL
-        note = " (sglang's NPU default, assumed)"
-    attn_dp = max(1, s.attn_dp_size)
-    if chunked > 0:
-        per_dp_chunk = chunked // attn_dp
-        batch = min(per_dp_chunk, s.max_prefill_tokens)
-        how = f"min(chunked prefill {chunked}{note}" + (f" / attn-dp {attn_dp}" if attn_dp > 1 else "") + f", max prefill tokens {s.max_prefill_tokens})"
-    else:
-        batch = s.max_prefill_tokens
-        how = f"max prefill tokens {s.max_prefill_tokens} (chunked prefill off)"
-    scatter = max(1, s.tp_size // attn_dp)
-    tokens = -(-batch // scatter)
-    return tokens, f"{how} = {batch} tokens per DP rank, scattered over {scatter} attention-TP ranks -> {tokens}"
-
-
-def _draft_tokens(s: LaunchSettings) -> tuple[int, str]:
-    if not s.speculative:
-        return 1, "1 token per request"
-    if s.speculative_num_draft_tokens:
-        return s.speculative_num_draft_tokens, f"{s.speculative_num_draft_tokens} draft tokens"
-    if s.speculative_num_steps and (s.speculative_eagle_topk or 1) == 1:
-        n = s.speculative_num_steps + 1
-        return n, f"{n} draft tokens (steps + 1)"
-    return DEFAULT_DRAFT_TOKENS, f"{DEFAULT_DRAFT_TOKENS} draft tokens (sglang's DeepSeek default, assumed)"
-
-
-def _graph_tokens(s: LaunchSettings) -> tuple[Optional[int], str]:
-    attn_dp = max(1, s.attn_dp_size)
-    draft, draft_how = _draft_tokens(s)
-    cap = max(1, s.max_running_requests // attn_dp) if s.max_running_requests else None
-    if s.disable_cuda_graph:
-        if cap is None:
-            return None, "no decode CUDA graph and no --max-running-requests bound the decode batch"
-        return cap * draft, f"max running requests per DP rank {cap} x {draft_how}"
-    if s.cuda_graph_bs:
-        bs, how = max(s.cuda_graph_bs), f"max CUDA-graph batch size {max(s.cuda_graph_bs)}"
-    elif s.cuda_graph_max_bs:
-        bs, how = s.cuda_graph_max_bs, f"CUDA-graph max batch size {s.cuda_graph_max_bs}"
-    else:
-        bs = NPU_DEFAULT_GRAPH_MAX_BS_SMALL_TP if s.tp_size < 4 else NPU_DEFAULT_GRAPH_MAX_BS
-        how = f"CUDA-graph max batch size {bs} (sglang's NPU default, assumed)"
-    if cap is not None and cap < bs:
-        bs, how = cap, f"max running requests per DP rank {cap}"
-    return bs * draft, f"{how} x {draft_how} = {bs * draft}"
-
-
-def plan_dispatch(s: LaunchSettings, env: Mapping[str, str], hardware: str) -> DispatchPlan:
-    ranks = max(1, s.tp_size)
-    modes = hb.dispatch_modes(s.deepep_mode)
-    # A PD prefill instance never decodes and a decode instance never prefills, whatever auto would allow.
-    if s.disaggregation_mode == "prefill":
-        modes = tuple(m for m in modes if m == "normal") or modes
-    elif s.disaggregation_mode == "decode":
-        modes = tuple(m for m in modes if m == "low_latency") or modes
-    prefill, prefill_how = _prefill_tokens(s)
-    raw = env.get(LL_TOKENS_ENV)
-    try:
-        ll = int(raw) if raw else hb.LL_DEFAULT_MAX_DISPATCH_TOKENS_PER_RANK
-    except ValueError:
-        ll = hb.LL_DEFAULT_MAX_DISPATCH_TOKENS_PER_RANK
-    graph, graph_how = _graph_tokens(s)
-    int8 = s.deepep_dispatcher_output_dtype in ("int8", "fp8") and not _truthy(env.get("SGLANG_DEEPEP_BF16_DISPATCH"))
-    return DispatchPlan(
-        ranks=ranks,
-        layered=hb.is_layered(hardware, ranks),
-        modes=modes,
-        prefill_tokens_per_rank=prefill,
-        prefill_derivation=prefill_how,
-        ll_max_dispatch_tokens=ll,
-        ll_max_dispatch_tokens_raw=raw,
-        graph_tokens_per_rank=graph,
-        graph_derivation=graph_how,
-        int8_dispatch=int8,
-    )
-
-
-def read_ant_moving(env: Mapping[str, str]) -> tuple[Optional[hb.AntMoving], list[str]]:
-    """(values, problems reading them). None with no problem means both unset."""
-    r_raw, t_raw = env.get(ANT_ROUND), env.get(ANT_TOKENS)
-    if not r_raw and not t_raw:
-        return None, []
-    if bool(r_raw) != bool(t_raw):
-        missing = ANT_TOKENS if r_raw else ANT_ROUND
-        return None, [f"only one of {ANT_ROUND}/{ANT_TOKENS} is set ({missing} is not); deep_ep.cpp asserts they are set together"]
-    try:
-        return hb.AntMoving(int(r_raw), int(t_raw)), []
-    except ValueError:
-        return None, [f"{ANT_ROUND}={r_raw!r} and {ANT_TOKENS}={t_raw!r} must be integers"]
-
-
-# ---------------------------------------------------------------- the checks
 
 
 def _check_device(s: LaunchSettings) -> CheckResult:
@@ -244,7 +53,9 @@ def _check_device(s: LaunchSettings) -> CheckResult:
         return CheckResult("device", PASS, "--device npu")
     if s.device is None:
         return CheckResult(
-            "device", WARN, "--device not given: sglang picks the NPU on an Ascend host, but the launch will not size the HCCL buffer by itself",
+            "device", WARN,
+            "--device not given: sglang picks the NPU on an Ascend host, "
+            "but the launch will not size the HCCL buffer by itself",
             "add --device npu",
         )
     return CheckResult("device", WARN, f"--device {s.device}: these checks are for Ascend launches", "add --device npu")
@@ -252,7 +63,11 @@ def _check_device(s: LaunchSettings) -> CheckResult:
 
 def _check_hardware(hw: HardwareGuess) -> CheckResult:
     if hw.assumed:
-        return CheckResult("hardware", WARN, f"Ascend generation not detected; {hw.hardware.upper()} {hw.source}", "export SGLANG_EDGEACC_ASCEND_HARDWARE=a2  # or a3")
+        return CheckResult(
+            "hardware", WARN,
+            f"Ascend generation not detected; {hw.hardware.upper()} {hw.source}",
+            "export SGLANG_EDGEACC_ASCEND_HARDWARE=a2  # or a3",
+        )
     return CheckResult("hardware", PASS, f"{hw.hardware.upper()} (from {hw.source})")
 
 
@@ -263,10 +78,20 @@ def _check_checkpoint(s: LaunchSettings, ckpt: Optional[CheckpointFacts]) -> Che
             "pass the local checkpoint directory as --model-path",
         )
     if ckpt.problems:
-        return CheckResult("checkpoint", FAIL, "; ".join(ckpt.problems), f"repair or re-download the files named in {ckpt.path}")
+        return CheckResult(
+            "checkpoint", FAIL, "; ".join(ckpt.problems), f"repair or re-download the files named in {ckpt.path}"
+        )
     if not ckpt.readable:
-        return CheckResult("checkpoint", FAIL, f"{ckpt.path} has no config.json", "point --model-path at the checkpoint directory that holds config.json")
-    return CheckResult("checkpoint", PASS, f"{ckpt.path}: config.json" + (", index" if ckpt.weight_names is not None else "") + (", quant_model_description.json" if ckpt.quant_description is not None else ""))
+        return CheckResult(
+            "checkpoint", FAIL, f"{ckpt.path} has no config.json",
+            "point --model-path at the checkpoint directory that holds config.json",
+        )
+    found = (
+        f"{ckpt.path}: config.json"
+        + (", index" if ckpt.weight_names is not None else "")
+        + (", quant_model_description.json" if ckpt.quant_description is not None else "")
+    )
+    return CheckResult("checkpoint", PASS, found)
 
 
 def _uses_target_mtp(s: LaunchSettings) -> bool:
@@ -280,10 +105,22 @@ def _check_mtp(s: LaunchSettings, ckpt: Optional[CheckpointFacts]) -> CheckResul
     if not s.speculative:
         return CheckResult(cid, PASS, "no speculative decoding")
     if not _uses_target_mtp(s):
-        return CheckResult(cid, PASS, f"{s.speculative_algorithm} drafts with {s.speculative_draft_model_path or 'no MTP layer'}; the target's MTP layer is not used")
-    drop = f"remove {SPECULATIVE_FLAGS} (and unset {' '.join(SPEC_ENV_VARS)}), or use a checkpoint that ships the MTP layer"
+        return CheckResult(
+            cid, PASS,
+            f"{s.speculative_algorithm} drafts with {s.speculative_draft_model_path or 'no MTP layer'}; "
+            "the target's MTP layer is not used",
+        )
+    drop = (
+        f"remove {SPECULATIVE_FLAGS} (and unset {' '.join(SPEC_ENV_VARS)}), "
+        "or use a checkpoint that ships the MTP layer"
+    )
     if ckpt is None or not ckpt.readable:
-        return CheckResult(cid, WARN, f"{s.speculative_algorithm} needs the checkpoint's MTP layer, and the checkpoint cannot be read to confirm it has one", "pass the local checkpoint directory as --model-path")
+        return CheckResult(
+            cid, WARN,
+            f"{s.speculative_algorithm} needs the checkpoint's MTP layer, "
+            "and the checkpoint cannot be read to confirm it has one",
+            "pass the local checkpoint directory as --model-path",
+        )
     layers = ckpt.num_hidden_layers
     if ckpt.num_nextn_predict_layers < 1:
         return CheckResult(
@@ -298,7 +135,8 @@ def _check_mtp(s: LaunchSettings, ckpt: Optional[CheckpointFacts]) -> CheckResul
             cid, FAIL,
             f"{s.speculative_algorithm} drafts with the MTP layer, but model.safetensors.index.json has no "
             f"{ckpt.mtp_prefix}* tensors (layer {layers} = num_hidden_layers): the MTP weights were not exported; "
-            "sglang skips missing tensors silently, so the draft model runs uninitialised (the capture hangs or the load fails)",
+            "sglang skips missing tensors silently, "
+            "so the draft model runs uninitialised (the capture hangs or the load fails)",
             drop,
         )
     main, mtp = ckpt.main_quantization(), ckpt.mtp_quantization()
@@ -307,20 +145,30 @@ def _check_mtp(s: LaunchSettings, ckpt: Optional[CheckpointFacts]) -> CheckResul
         if mtp in (None, UNQUANTIZED):
             where = "has no entries for" if mtp is None else "marks FLOAT (bf16)"
             if draft_quant == "unquant":
-                return CheckResult(cid, PASS, f"MTP layer {ckpt.mtp_prefix}* is bf16 while the main model is {main}; --speculative-draft-model-quantization unquant says so")
+                return CheckResult(
+                    cid, PASS,
+                    f"MTP layer {ckpt.mtp_prefix}* is bf16 while the main model is {main}; "
+                    "--speculative-draft-model-quantization unquant says so",
+                )
             return CheckResult(
                 cid, FAIL,
                 f"the main model is {main} but quant_model_description.json {where} the MTP layer {ckpt.mtp_prefix}*: "
                 "the draft would be loaded as quantized without quantized weights",
-                "add --speculative-draft-model-quantization unquant (or use a checkpoint whose MTP layer is quantized, e.g. a '-mtp' ModelSlim export)",
+                "add --speculative-draft-model-quantization unquant "
+                "(or use a checkpoint whose MTP layer is quantized, e.g. a '-mtp' ModelSlim export)",
             )
         if draft_quant == "unquant":
             return CheckResult(
                 cid, FAIL,
-                f"the MTP layer is quantized ({mtp}) but --speculative-draft-model-quantization unquant loads it as bf16",
+                f"the MTP layer is quantized ({mtp}) "
+                "but --speculative-draft-model-quantization unquant loads it as bf16",
                 "remove --speculative-draft-model-quantization unquant",
             )
-        return CheckResult(cid, PASS, f"MTP layer {ckpt.mtp_prefix}* present and quantized like the main model ({mtp})" + ("" if present else "; no index, tensors not listed"))
+        return CheckResult(
+            cid, PASS,
+            f"MTP layer {ckpt.mtp_prefix}* present and quantized like the main model ({mtp})"
+            + ("" if present else "; no index, tensors not listed"),
+        )
     if main == UNQUANTIZED and mtp not in (None, UNQUANTIZED) and not draft_quant:
         return CheckResult(
             cid, FAIL,
@@ -328,28 +176,32 @@ def _check_mtp(s: LaunchSettings, ckpt: Optional[CheckpointFacts]) -> CheckResul
             f"add --speculative-draft-model-quantization {s.quantization or 'modelslim'}",
         )
     if present is None:
-        return CheckResult(cid, WARN, f"num_nextn_predict_layers={ckpt.num_nextn_predict_layers}, but without model.safetensors.index.json the MTP tensors {ckpt.mtp_prefix}* cannot be confirmed without opening the weights", "check that the safetensors hold " + str(ckpt.mtp_prefix) + "* tensors")
+        return CheckResult(
+            cid, WARN,
+            f"num_nextn_predict_layers={ckpt.num_nextn_predict_layers}, but without model.safetensors.index.json "
+            f"the MTP tensors {ckpt.mtp_prefix}* cannot be confirmed without opening the weights",
+            "check that the safetensors hold " + str(ckpt.mtp_prefix) + "* tensors",
+        )
     return CheckResult(cid, PASS, f"MTP layer {ckpt.mtp_prefix}* present")
 
 
 def _check_spec_env(s: LaunchSettings, env: Mapping[str, str]) -> CheckResult:
     cid = "speculative-env"
-    set_vars = [v for v in SPEC_ENV_VARS if _truthy(env.get(v))]
+    set_vars = [v for v in SPEC_ENV_VARS if env_truthy(env.get(v))]
     if set_vars and not s.speculative:
-        return CheckResult(cid, WARN, f"{', '.join(set_vars)} set without speculative decoding (left over from an MTP setup)", f"unset {' '.join(set_vars)}")
+        return CheckResult(
+            cid, WARN,
+            f"{', '.join(set_vars)} set without speculative decoding (left over from an MTP setup)",
+            f"unset {' '.join(set_vars)}",
+        )
     if "SGLANG_ENABLE_SPEC_V2" in set_vars and (s.speculative_eagle_topk or 1) != 1:
-        return CheckResult(cid, WARN, f"SGLANG_ENABLE_SPEC_V2 needs --speculative-eagle-topk 1, got {s.speculative_eagle_topk}", "use --speculative-eagle-topk 1")
-    return CheckResult(cid, PASS, ", ".join(set_vars) + " set with speculative decoding" if set_vars else "no speculative-only variables set")
-
-
-def _requirements(s, plan: DispatchPlan, hardware: str, shape: hb.ModelShape, ant: Optional[hb.AntMoving]) -> dict[str, hb.Requirement]:
-    out = {}
-    if "normal" in plan.modes:
-        # The layered path has no ant-moving (its own check fails for that); size it as without.
-        out["normal"] = hb.normal_requirement(hardware, shape, plan.ranks, plan.prefill_tokens_per_rank, None if plan.layered else ant)
-    if "low_latency" in plan.modes:
-        out["low_latency"] = hb.low_latency_requirement(hardware, shape, plan.ranks, max(1, plan.ll_max_dispatch_tokens), plan.int8_dispatch)
-    return out
+        return CheckResult(
+            cid, WARN,
+            f"SGLANG_ENABLE_SPEC_V2 needs --speculative-eagle-topk 1, got {s.speculative_eagle_topk}",
+            "use --speculative-eagle-topk 1",
+        )
+    found = ", ".join(set_vars) + " set with speculative decoding" if set_vars else "no speculative-only variables set"
+    return CheckResult(cid, PASS, found)
 
 
 def _check_buffer(
@@ -364,32 +216,43 @@ def _check_buffer(
         return CheckResult(cid, FAIL, str(exc), "export HCCL_BUFFSIZE=<MB, a positive integer>"), None
     if configured.mb > hb.MAX_HCCL_BUFFSIZE_MB:
         return CheckResult(
-            cid, FAIL, f"{configured.source}={configured.mb} exceeds {hb.MAX_HCCL_BUFFSIZE_MB}: DeepEP reads it into a uint16 and it wraps",
+            cid, FAIL,
+            f"{configured.source}={configured.mb} exceeds {hb.MAX_HCCL_BUFFSIZE_MB}: "
+            "DeepEP reads it into a uint16 and it wraps",
             f"export {configured.source}=<MB, at most {hb.MAX_HCCL_BUFFSIZE_MB}>",
         ), None
     if ckpt is None or not ckpt.readable:
-        return CheckResult(cid, WARN, f"{configured.mb} MB from {configured.source}; requirement unknown without config.json", "pass the local checkpoint directory as --model-path, or size it with `sglang-edgeacc hccl-budget`"), None
+        return CheckResult(
+            cid, WARN,
+            f"{configured.mb} MB from {configured.source}; requirement unknown without config.json",
+            "pass the local checkpoint directory as --model-path, or size it with `sglang-edgeacc hccl-budget`",
+        ), None
     try:
         shape = hb.model_shape_from_config(ckpt.config, s.ep_num_redundant_experts)
     except ValueError as exc:
         return CheckResult(cid, WARN, str(exc)), None
-    reqs = _requirements(s, plan, hardware, shape, ant)
+    reqs = buffer_requirements(plan, hardware, shape, ant)
     binding = max(reqs.values(), key=lambda r: r.required_mb)
-    parts = "; ".join(f"{mode} {r.required_mb} MB [{r.path}, {r.tokens_per_rank} tokens/rank]" for mode, r in reqs.items())
+    parts = "; ".join(
+        f"{mode} {r.required_mb} MB [{r.path}, {r.tokens_per_rank} tokens/rank]" for mode, r in reqs.items()
+    )
     auto_mb, margin = hb.auto_buffer_mb(binding.required_mb)
     derivation = (
-        f"requirement {binding.required_mb} MB = max over the dispatch modes of --deepep-mode {s.deepep_mode}: {parts}; "
-        f"margin {margin} MB = max({hb.AUTO_MARGIN_MIN_MB} MB, {int(hb.AUTO_MARGIN_FRACTION * 100)}%)"
+        f"requirement {binding.required_mb} MB = max over the dispatch modes of --deepep-mode {s.deepep_mode}: "
+        f"{parts}; margin {margin} MB = max({hb.AUTO_MARGIN_MIN_MB} MB, {int(hb.AUTO_MARGIN_FRACTION * 100)}%)"
     )
     if configured.explicit:
         if configured.mb < binding.required_mb:
             return CheckResult(
                 cid, FAIL,
-                f"{configured.source}={configured.mb} MB is below the {binding.required_mb} MB DeepEP needs ({parts}); "
-                "the dispatch tiling fails ('HCCL_BUFFSIZE is too SMALL', aclnn...Dispatch... failed) or the kernel asserts",
+                f"{configured.source}={configured.mb} MB is below the {binding.required_mb} MB DeepEP needs "
+                f"({parts}); the dispatch tiling fails ('HCCL_BUFFSIZE is too SMALL', aclnn...Dispatch... failed) "
+                "or the kernel asserts",
                 f"export {configured.source}={auto_mb}",
             ), None
-        return CheckResult(cid, PASS, f"{configured.source}={configured.mb} MB >= {binding.required_mb} MB needed ({parts})"), None
+        return CheckResult(
+            cid, PASS, f"{configured.source}={configured.mb} MB >= {binding.required_mb} MB needed ({parts})"
+        ), None
     if s.device == "npu":
         auto = AutoSizing(AUTO_SIZED_VAR, auto_mb, binding.required_mb, margin, derivation)
         return CheckResult(
@@ -401,7 +264,8 @@ def _check_buffer(
     if configured.mb < binding.required_mb:
         return CheckResult(
             cid, FAIL,
-            f"no HCCL buffer set: the default {configured.mb} MB is below the {binding.required_mb} MB DeepEP needs ({parts})",
+            f"no HCCL buffer set: the default {configured.mb} MB is below the {binding.required_mb} MB "
+            f"DeepEP needs ({parts})",
             f"export {AUTO_SIZED_VAR}={auto_mb}",
         ), None
     return CheckResult(cid, PASS, f"default {configured.mb} MB >= {binding.required_mb} MB needed ({parts})"), None
@@ -411,7 +275,9 @@ def _check_ant_moving(s: LaunchSettings, plan: DispatchPlan, ant, ant_problems: 
     cid = "ant-moving"
     fix_unset = f"unset {ANT_ROUND} {ANT_TOKENS}"
     if ant_problems:
-        return CheckResult(cid, FAIL, ant_problems[0], f"export {ANT_ROUND}=<rounds> {ANT_TOKENS}=<tokens>  # both, or {fix_unset}")
+        return CheckResult(
+            cid, FAIL, ant_problems[0], f"export {ANT_ROUND}=<rounds> {ANT_TOKENS}=<tokens>  # both, or {fix_unset}"
+        )
     if ant is None and not (s.uses_deepep and "normal" in plan.modes):
         return CheckResult(cid, PASS, "ant-moving not set")
     if ant is not None and not s.uses_deepep:
@@ -419,7 +285,10 @@ def _check_ant_moving(s: LaunchSettings, plan: DispatchPlan, ant, ant_problems: 
     if ant is not None:
         problems = hb.ant_moving_problems(ant)
         if problems:
-            return CheckResult(cid, FAIL, "; ".join(problems), f"export {ANT_ROUND}=<1..256> {ANT_TOKENS}=<32..8192>  # product <= {hb.ANT_MOVING_MAX_TOTAL_TOKENS}")
+            return CheckResult(
+                cid, FAIL, "; ".join(problems),
+                f"export {ANT_ROUND}=<1..256> {ANT_TOKENS}=<32..8192>  # product <= {hb.ANT_MOVING_MAX_TOTAL_TOKENS}",
+            )
         if plan.layered:
             return CheckResult(
                 cid, FAIL,
@@ -428,7 +297,10 @@ def _check_ant_moving(s: LaunchSettings, plan: DispatchPlan, ant, ant_problems: 
                 fix_unset,
             )
     if "normal" not in plan.modes or plan.layered:
-        return CheckResult(cid, PASS, "ant-moving not set" if ant is None else f"{ant.rounds} x {ant.per_round_tokens} (no normal dispatch)")
+        return CheckResult(
+            cid, PASS,
+            "ant-moving not set" if ant is None else f"{ant.rounds} x {ant.per_round_tokens} (no normal dispatch)",
+        )
     capacity = (ant or hb.DEFAULT_ANT_MOVING).capacity
     if plan.prefill_tokens_per_rank > capacity:
         rounds = math.ceil(plan.prefill_tokens_per_rank / hb.ANT_MOVING_DEFAULT_PER_ROUND_TOKENS)
@@ -437,11 +309,17 @@ def _check_ant_moving(s: LaunchSettings, plan: DispatchPlan, ant, ant_problems: 
             f"{plan.prefill_tokens_per_rank} tokens per rank per normal dispatch ({plan.prefill_derivation}) exceed "
             f"ROUND x PER_ROUND_TOKENS = {capacity}" + (" (the defaults 1 x 8192)" if ant is None else "")
             + ": deep_ep.cpp get_dispatch_layout asserts",
-            f"export {ANT_ROUND}={rounds} {ANT_TOKENS}={hb.ANT_MOVING_DEFAULT_PER_ROUND_TOKENS}  # or lower --chunked-prefill-size",
+            f"export {ANT_ROUND}={rounds} {ANT_TOKENS}={hb.ANT_MOVING_DEFAULT_PER_ROUND_TOKENS}"
+            "  # or lower --chunked-prefill-size",
         )
     if ant is None:
-        return CheckResult(cid, PASS, f"ant-moving not set; {plan.prefill_tokens_per_rank} tokens per rank fit one 8192-token round")
-    return CheckResult(cid, PASS, f"{ant.rounds} x {ant.per_round_tokens} = {capacity} >= {plan.prefill_tokens_per_rank} tokens per rank")
+        return CheckResult(
+            cid, PASS, f"ant-moving not set; {plan.prefill_tokens_per_rank} tokens per rank fit one 8192-token round"
+        )
+    return CheckResult(
+        cid, PASS,
+        f"{ant.rounds} x {ant.per_round_tokens} = {capacity} >= {plan.prefill_tokens_per_rank} tokens per rank",
+    )
 
 
 def _check_normal_tokens(s: LaunchSettings, plan: DispatchPlan) -> CheckResult:
@@ -455,9 +333,12 @@ def _check_normal_tokens(s: LaunchSettings, plan: DispatchPlan) -> CheckResult:
             cid, FAIL,
             f"{plan.prefill_tokens_per_rank} tokens per rank ({plan.prefill_derivation}) exceed the A2 two-node normal "
             f"dispatch limit of {hb.A2_INTERNODE_MAX_TOKENS_PER_RANK}: aclnnDispatchNormalA2 fails tiling",
-            f"--chunked-prefill-size {chunk} --max-prefill-tokens {min(s.max_prefill_tokens, chunk // max(1, s.attn_dp_size))}",
+            f"--chunked-prefill-size {chunk} "
+            f"--max-prefill-tokens {min(s.max_prefill_tokens, chunk // max(1, s.attn_dp_size))}",
         )
-    return CheckResult(cid, PASS, f"{plan.prefill_tokens_per_rank} tokens per rank per normal dispatch ({plan.prefill_derivation})")
+    return CheckResult(
+        cid, PASS, f"{plan.prefill_tokens_per_rank} tokens per rank per normal dispatch ({plan.prefill_derivation})"
+    )
 
 
 def _check_ll_tokens(s: LaunchSettings, plan: DispatchPlan) -> CheckResult:
@@ -466,15 +347,34 @@ def _check_ll_tokens(s: LaunchSettings, plan: DispatchPlan) -> CheckResult:
         return CheckResult(cid, PASS, "no DeepEP low-latency dispatch")
     n, graph = plan.ll_max_dispatch_tokens, plan.graph_tokens_per_rank
     if plan.ll_max_dispatch_tokens_raw is not None and not str(plan.ll_max_dispatch_tokens_raw).strip().isdigit():
-        return CheckResult(cid, FAIL, f"{LL_TOKENS_ENV}={plan.ll_max_dispatch_tokens_raw!r} is not an integer", f"export {LL_TOKENS_ENV}={graph or hb.LL_DEFAULT_MAX_DISPATCH_TOKENS_PER_RANK}")
+        return CheckResult(
+            cid, FAIL,
+            f"{LL_TOKENS_ENV}={plan.ll_max_dispatch_tokens_raw!r} is not an integer",
+            f"export {LL_TOKENS_ENV}={graph or hb.LL_DEFAULT_MAX_DISPATCH_TOKENS_PER_RANK}",
+        )
     if n > hb.LL_MAX_DISPATCH_TOKENS_PER_RANK or n < 1:
-        return CheckResult(cid, FAIL, f"{LL_TOKENS_ENV}={n} is outside [1, {hb.LL_MAX_DISPATCH_TOKENS_PER_RANK}] (sglang's DeepEP dispatcher asserts)", f"export {LL_TOKENS_ENV}={min(max(graph or 1, 1), hb.LL_MAX_DISPATCH_TOKENS_PER_RANK)}")
+        return CheckResult(
+            cid, FAIL,
+            f"{LL_TOKENS_ENV}={n} is outside [1, {hb.LL_MAX_DISPATCH_TOKENS_PER_RANK}] "
+            "(sglang's DeepEP dispatcher asserts)",
+            f"export {LL_TOKENS_ENV}={min(max(graph or 1, 1), hb.LL_MAX_DISPATCH_TOKENS_PER_RANK)}",
+        )
     if plan.layered and n > hb.A2_LAYERED_LL_MAX_TOKENS_PER_RANK:
-        return CheckResult(cid, FAIL, f"{LL_TOKENS_ENV}={n} exceeds the A2 two-node low-latency limit of {hb.A2_LAYERED_LL_MAX_TOKENS_PER_RANK} tokens per rank", f"export {LL_TOKENS_ENV}={hb.A2_LAYERED_LL_MAX_TOKENS_PER_RANK}")
+        return CheckResult(
+            cid, FAIL,
+            f"{LL_TOKENS_ENV}={n} exceeds the A2 two-node low-latency limit of "
+            f"{hb.A2_LAYERED_LL_MAX_TOKENS_PER_RANK} tokens per rank",
+            f"export {LL_TOKENS_ENV}={hb.A2_LAYERED_LL_MAX_TOKENS_PER_RANK}",
+        )
     if graph is None:
-        return CheckResult(cid, WARN, f"{LL_TOKENS_ENV}={n}; {plan.graph_derivation}, so a decode step may exceed it", "add --max-running-requests <N> or enable decode CUDA graphs")
+        return CheckResult(
+            cid, WARN,
+            f"{LL_TOKENS_ENV}={n}; {plan.graph_derivation}, so a decode step may exceed it",
+            "add --max-running-requests <N> or enable decode CUDA graphs",
+        )
     if graph > n:
-        if graph <= hb.LL_MAX_DISPATCH_TOKENS_PER_RANK and not (plan.layered and graph > hb.A2_LAYERED_LL_MAX_TOKENS_PER_RANK):
+        within_layered = not (plan.layered and graph > hb.A2_LAYERED_LL_MAX_TOKENS_PER_RANK)
+        if graph <= hb.LL_MAX_DISPATCH_TOKENS_PER_RANK and within_layered:
             fix = f"export {LL_TOKENS_ENV}={graph}"
         else:
             fix = "lower --cuda-graph-bs-decode (older releases: --cuda-graph-bs) or --speculative-num-draft-tokens"
@@ -497,17 +397,30 @@ def _check_a2_two_node_env(s: LaunchSettings, env, plan: DispatchPlan, hardware:
     out.append(
         CheckResult(ids[0], PASS, "HCCL_INTRA_PCIE_ENABLE=1")
         if (pcie or "").strip() == "1"
-        else CheckResult(ids[0], FAIL, f"HCCL_INTRA_PCIE_ENABLE={_shown(pcie)}: the A2 two-node DeepEP kernels need 1 (intra-server traffic over PCIe, the layered path)", "export HCCL_INTRA_PCIE_ENABLE=1")
+        else CheckResult(
+            ids[0], FAIL,
+            f"HCCL_INTRA_PCIE_ENABLE={_shown(pcie)}: the A2 two-node DeepEP kernels need 1 "
+            "(intra-server traffic over PCIe, the layered path)",
+            "export HCCL_INTRA_PCIE_ENABLE=1",
+        )
     )
     roce = env.get("HCCL_INTRA_ROCE_ENABLE")
     out.append(
         CheckResult(ids[1], PASS, "HCCL_INTRA_ROCE_ENABLE=0")
         if (roce or "").strip() == "0"
-        else CheckResult(ids[1], FAIL, f"HCCL_INTRA_ROCE_ENABLE={_shown(roce)}: the A2 two-node DeepEP kernels need 0", "export HCCL_INTRA_ROCE_ENABLE=0")
+        else CheckResult(
+            ids[1], FAIL,
+            f"HCCL_INTRA_ROCE_ENABLE={_shown(roce)}: the A2 two-node DeepEP kernels need 0",
+            "export HCCL_INTRA_ROCE_ENABLE=0",
+        )
     )
     mode = env.get("HCCL_OP_EXPANSION_MODE")
     out.append(
-        CheckResult(ids[2], FAIL, "HCCL_OP_EXPANSION_MODE=AIV is not supported by DeepEP on A2 (unknown operator errors)", "unset HCCL_OP_EXPANSION_MODE")
+        CheckResult(
+            ids[2], FAIL,
+            "HCCL_OP_EXPANSION_MODE=AIV is not supported by DeepEP on A2 (unknown operator errors)",
+            "unset HCCL_OP_EXPANSION_MODE",
+        )
         if (mode or "").strip().upper() == "AIV"
         else CheckResult(ids[2], PASS, f"HCCL_OP_EXPANSION_MODE={mode}" if mode else "HCCL_OP_EXPANSION_MODE not set")
     )
@@ -527,12 +440,30 @@ def _check_ifnames(s: LaunchSettings, env) -> list[CheckResult]:
         value = (env.get(var) or "").strip()
         fix = f"export {var}=<the NIC that reaches {s.dist_init_addr or 'the other node'}, e.g. eth0>"
         if not value:
-            out.append(CheckResult(cid, FAIL, f"{var} is not set on a {s.nnodes}-node launch: the rendezvous may bind the wrong interface", fix))
+            out.append(CheckResult(
+                cid, FAIL,
+                f"{var} is not set on a {s.nnodes}-node launch: the rendezvous may bind the wrong interface",
+                fix,
+            ))
         elif any(_LOOPBACK.match(part.strip()) for part in value.split(",")):
-            out.append(CheckResult(cid, FAIL, f"{var}={value} names the loopback interface; the other node cannot reach it", fix))
+            out.append(CheckResult(
+                cid, FAIL, f"{var}={value} names the loopback interface; the other node cannot reach it", fix
+            ))
         else:
             out.append(CheckResult(cid, PASS, f"{var}={value}"))
     return out
+
+
+def _check_launch_arguments(s: LaunchSettings, parse_problem: Optional[str]) -> CheckResult:
+    if parse_problem:
+        fix = (
+            "fix the flag named above (0.5.23 spells --cuda-graph-bs as --cuda-graph-bs-decode)"
+            if "cuda-graph" in parse_problem
+            else "fix the flag named above"
+        )
+        return CheckResult("launch-arguments", FAIL, f"sglang's parser rejects the command: {parse_problem}", fix)
+    parser = "sglang" if s.parsed_by == "sglang" else "the tolerant fallback"
+    return CheckResult("launch-arguments", PASS, f"read by {parser} parser")
 
 
 def run_checks(
@@ -542,11 +473,7 @@ def run_checks(
     hw: HardwareGuess,
     parse_problem: Optional[str] = None,
 ) -> PreflightReport:
-    checks: list[CheckResult] = []
-    if parse_problem:
-        checks.append(CheckResult("launch-arguments", FAIL, f"sglang's parser rejects the command: {parse_problem}", "fix the flag named above (0.5.23 spells --cuda-graph-bs as --cuda-graph-bs-decode)" if "cuda-graph" in parse_problem else "fix the flag named above"))
-    else:
-        checks.append(CheckResult("launch-arguments", PASS, f"read by {'sglang' if s.parsed_by == 'sglang' else 'the tolerant fallback'} parser"))
+    checks: list[CheckResult] = [_check_launch_arguments(s, parse_problem)]
     checks.append(_check_device(s))
     checks.append(_check_hardware(hw))
     checks.append(_check_checkpoint(s, ckpt))
@@ -561,7 +488,9 @@ def run_checks(
     checks.append(_check_ll_tokens(s, plan))
     checks.extend(_check_a2_two_node_env(s, env, plan, hw.hardware))
     checks.extend(_check_ifnames(s, env))
-    summary = f"{hw.hardware.upper()}, {plan.ranks} ranks on {s.nnodes} node(s)" + (", layered A2 path" if plan.layered else "")
+    summary = f"{hw.hardware.upper()}, {plan.ranks} ranks on {s.nnodes} node(s)"
+    if plan.layered:
+        summary += ", layered A2 path"
     return PreflightReport(tuple(checks), auto, summary)
 
 

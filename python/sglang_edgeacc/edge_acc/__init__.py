@@ -12,7 +12,7 @@
   least-priority top) the adaptive split runs prefill batches on.
 * ``adaptive_split``: the policy that picks a partition per prefill batch from the decode
   side's step times, its load and the SLOs (standard library only).
-* ``mps`` / ``mps_cli``: the MPS control daemon's lifecycle (``sglang-edgeacc mps``).
 
 None of these modules imports sglang, so they run from the repository with ``PYTHONPATH=python``.
+The MPS control daemon the SM splits need has its own subpackage, :mod:`sglang_edgeacc.mps`.
 """

@@ -39,7 +39,7 @@ The rule, evaluated once per prefill batch in :meth:`AdaptiveSplitPolicy.choose`
    carried over from a load where the split was measured, scaled by a split measured at
    both (towards a heavier load the slowdown ratio is raised to ``1 +
    heavier_load_exponent`` per doubling: plain ratios under-predicted on the H200).
-0b. Drain (``drain_backlog``, default on since run 4): under backlog pressure (predicted
+0b. Drain (``drain_backlog``, on by default): under backlog pressure (predicted
    TTFT over ``drain_fraction`` x its SLO, or prompts arriving faster than
    ``arrival_growth_fraction`` x this split prefills them), and unless the decode steps
    seen at this split already breach the ITL SLO, move at once to the largest split whose
@@ -66,7 +66,7 @@ The rule, evaluated once per prefill batch in :meth:`AdaptiveSplitPolicy.choose`
    below ``itl_slo_ms * (1 - hysteresis)`` (real headroom, not a value hovering at the
    SLO): one step, none into a split predicted to breach, several at once through
    splits predicted to hold when TTFT is over ``far_ttft_factor`` x its SLO.
-   Opt-in (``grow_on_arrivals``, run 3's unguarded rule; superseded by 0b): also grow while
+   Opt-in (``grow_on_arrivals``, an unguarded rule superseded by 0b): also grow while
    prompts arrive faster than this split prefills them. With either rule on, do not relax
    into a split that would not keep up with the arrivals.
 4. Shrink one step if the predicted TTFT is below ``ttft_slo_ms * relax_fraction``
@@ -136,7 +136,7 @@ class AdaptiveSplitConfig:
     itl_slo_ms: float
     ttft_slo_ms: float
     # Grow only below itl_slo * (1 - hysteresis). On an H200 adjacent partitions differ by
-    # about 5-10 % in decode P99 (run 1 of benchmarks/adaptive_split.py), so a wider band
+    # about 5-10 % in decode P99 (measured with benchmarks/adaptive_split.py), so a wider band
     # keeps the policy from ever growing; the back-off below does the anti-flapping.
     hysteresis: float = 0.05
     window: int = 64  # decode steps the ITL percentile is taken over
@@ -155,21 +155,21 @@ class AdaptiveSplitConfig:
     cell_ttl_s: float = 60.0  # a cell not refreshed for this long predicts nothing (load drifted)
     far_ttft_factor: float = 2.0  # predicted TTFT over slo * this: grow several known-safe steps at once
     # Carrying a split's slowdown over to a heavier load: raise the ratio measured at the
-    # lighter load to 1 + this per doubling. On the H200 (run 2) a doubled decode batch
+    # lighter load to 1 + this per doubling. On an H200 a doubled decode batch
     # turned a slowdown of r at batch 32 into about r ** 1.5 at batch 64; plain ratios
     # under-predicted (and would have picked a split that breaches).
     heavier_load_exponent: float = 0.5
     # Opt-in, superseded by drain_backlog: grow while prompts arrive faster than this split prefills them (tokens/s over
     # the last rate_window_s): a queue that grows breaches any TTFT SLO later, and the
-    # backlog it leaves outlives the burst (calm-2's TTFT miss). Relax only when the split
-    # below would keep up with the arrivals with margin. Off by default: on the H200
-    # (docs/benchmarks-history.md, run 3) it cut calm-2's TTFT P90 from 3.15 s to 2.66 s but grew
-    # into a split never measured at that load and broke the burst's ITL target.
+    # backlog it leaves outlives the burst. Relax only when the split
+    # below would keep up with the arrivals with margin. Off by default: on an H200 it cut a
+    # steady load's TTFT P90 by 16 % but grew into a split never measured at that load and
+    # broke a burst's ITL target (docs/benchmarks-history.md).
     grow_on_arrivals: bool = False
     arrival_growth_fraction: float = 0.9  # grow when arrivals > this x the service rate here
     relax_arrival_fraction: float = 0.8  # relax only when arrivals < this x the service rate below
     rate_window_s: float = 3.0
-    # ITL-guarded backlog drain (run 4): under backlog pressure (predicted TTFT over
+    # ITL-guarded backlog drain: under backlog pressure (predicted TTFT over
     # drain_fraction x its SLO, or prompts arriving faster than arrival_growth_fraction x this
     # split prefills them) move at once to the largest split whose ITL is *predicted* within
     # the SLO at the decode load now, and grow only there (no blind one-step exploration).
@@ -189,11 +189,10 @@ class AdaptiveSplitConfig:
     extrapolation_sm_offset: int = 16
     # The whole-GPU least-priority top (GreenContextPartitions(whole_gpu_top=True)) is no
     # green context: prefill there is not confined, it only yields at block boundaries, so
-    # the secant over the confined splits says nothing about it (run 4 guessed 44 ms for it
-    # at batch 64 and measured 52.6). Before it is measured at a load it is guessed as the
-    # split just below, measured there, times this factor: the ratio measured on the H200 at
-    # batch 64 was 1.39 (run 3), 1.42 (run 3's probe, decode at normal priority) and 1.27
-    # (run 5), and 1.39 at batch 32.
+    # the secant over the confined splits says nothing about it (it under-predicts: 44 ms
+    # against 52.6 measured at batch 64). Before it is measured at a load it is guessed as the
+    # split just below, measured there, times this factor: the ratio measured on an H200 was
+    # 1.27-1.42 at batch 64 over three measurements, and 1.39 at batch 32.
     unconfined_top_factor: float = 1.45
     # Hysteresis of the load buckets, in doublings: the width of the dead band above each power
     # of two p in which a decode batch size or context keeps the bucket it came from (up needs
@@ -626,7 +625,7 @@ class AdaptiveSplitPolicy:
         pressure = self._predicted_ttft_ms is not None and self._predicted_ttft_ms > c.ttft_slo_ms
         label = f"decode load {before} -> {now}"
         if c.drain_backlog:
-            # Carried-over guesses at a heavier load proved unreliable (run 3's noisy ratios):
+            # Guesses carried over from another load are too noisy to act on (the measured ratios spread):
             # fall back only to splits measured (or bounded) at the new load; the drain rule
             # then climbs from there under pressure.
             kind, guarded = self.guarded_itl_ms(self.index)

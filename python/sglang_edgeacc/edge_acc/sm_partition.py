@@ -7,7 +7,7 @@ Three modes, matching ``--edge-acc-sm-partition``:
   side initializes CUDA (the limit is read once, at context creation, and is
   fixed for the process's life). It caps a client, it does not reserve SMs: the
   two sides can still meet on an SM. Needs a running MPS control daemon (see
-  ``edge_acc.mps``); without one the variable is ignored and nothing is split.
+  ``sglang_edgeacc.mps``); without one the variable is ignored and nothing is split.
 * ``green-context``: no daemon. The side reads ``EDGEACC_GREEN_CONTEXT_SM_PERCENT``
   and runs its work on a stream of a torch green context limited to that share
   of SMs (:func:`green_context_stream`). Green contexts cannot be created inside

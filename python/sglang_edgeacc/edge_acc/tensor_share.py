@@ -6,10 +6,9 @@ standard library only.
 
 Owner (decode side)::
 
-    pool = allocate_single_segment(kv_pool_layer_specs(...), device="cuda:0")
-    bundle = export_tensors({**module_tensors(model), **pool, "req_to_token": r2t})
+    bundle = export_tensors({**module_tensors(model), **kv_buffers, "req_to_token": r2t})
     send(pickle.dumps(bundle))            # any channel: mp.Queue, zmq send_pyobj, a pipe
-    ...                                   # keep ``model``, ``pool`` and ``r2t`` alive
+    ...                                   # keep ``model``, ``kv_buffers`` and ``r2t`` alive
 
 Importer (prefill side)::
 
@@ -77,7 +76,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional
 
 import torch
 from torch.multiprocessing.reductions import reduce_tensor
@@ -85,10 +84,6 @@ from torch.multiprocessing.reductions import reduce_tensor
 logger = logging.getLogger(__name__)
 
 ALLOC_CONF_VARIABLES: tuple[str, ...] = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
-
-# Page-aligned views keep every per-layer buffer suitably aligned for vector loads
-# and for any dtype view; the waste is at most 4 KiB per view.
-SEGMENT_VIEW_ALIGNMENT = 4096
 
 
 class AllocatorNotShareableError(RuntimeError):
@@ -214,7 +209,7 @@ def export_tensors(tensors: Mapping[str, torch.Tensor]) -> SharedTensors:
 
     Zero copies on CUDA. On the CPU a storage not yet in shared memory is moved
     there once (in place: the owner's tensors stay valid). Views of one storage
-    share one segment, so a pool from :func:`allocate_single_segment` is one handle.
+    share one segment, so a pool carved out of one allocation is one handle.
     """
     for name, tensor in tensors.items():
         if not isinstance(tensor, torch.Tensor):
@@ -350,65 +345,6 @@ def import_tensors(bundle: SharedTensors) -> ImportedTensors:
     return ImportedTensors(tensors, bundle.owner_pid)
 
 
-def allocate_single_segment(
-    specs: Mapping[str, tuple[Sequence[int], torch.dtype]],
-    device: torch.device | str,
-    *,
-    zero: bool = True,
-) -> dict[str, torch.Tensor]:
-    """Allocate ``specs`` (name -> (shape, dtype)) as views into ONE allocation.
-
-    One allocation is one CUDA IPC handle (or one shared-memory object), so the importer opens
-    a single mapping for the whole KV pool instead of one per layer. Views are
-    4 KiB aligned. On the CPU the backing storage is put in shared memory before
-    the views are carved, so exporting it later copies nothing.
-    """
-    layout: list[tuple[str, int, tuple[int, ...], torch.dtype]] = []
-    offset = 0
-    for name, (shape, dtype) in specs.items():
-        shape = tuple(int(d) for d in shape)
-        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-        layout.append((name, offset, shape, dtype))
-        offset += -(-nbytes // SEGMENT_VIEW_ALIGNMENT) * SEGMENT_VIEW_ALIGNMENT
-    device = torch.device(device)
-    base = (torch.zeros if zero else torch.empty)(max(offset, 1), dtype=torch.uint8, device=device)
-    if device.type == "cpu":
-        base.untyped_storage()._share_fd_cpu_()
-    views: dict[str, torch.Tensor] = {}
-    for name, start, shape, dtype in layout:
-        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-        views[name] = base[start : start + nbytes].view(dtype).view(shape)
-    logger.info("Allocated %d views in one %.2f GiB segment on %s", len(views), offset / 2**30, device)
-    return views
-
-
-def kv_pool_layer_specs(
-    num_layers: int,
-    num_tokens: int,
-    head_num: int,
-    head_dim: int,
-    dtype: torch.dtype,
-    v_head_dim: Optional[int] = None,
-) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """Specs for an MHA KV pool shaped like SGLang's: ``k.{layer}`` / ``v.{layer}``,
-    each ``[num_tokens, head_num, head_dim]``; feed them to :func:`allocate_single_segment`."""
-    v_dim = head_dim if v_head_dim is None else v_head_dim
-    specs: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
-    for layer in range(num_layers):
-        specs[f"k.{layer}"] = ((num_tokens, head_num, head_dim), dtype)
-    for layer in range(num_layers):
-        specs[f"v.{layer}"] = ((num_tokens, head_num, v_dim), dtype)
-    return specs
-
-
-def layer_views(tensors: Mapping[str, torch.Tensor], prefix: str) -> list[torch.Tensor]:
-    """``[tensors[f"{prefix}.0"], tensors[f"{prefix}.1"], ...]``: a pool's per-layer list."""
-    out = []
-    while f"{prefix}.{len(out)}" in tensors:
-        out.append(tensors[f"{prefix}.{len(out)}"])
-    return out
-
-
 def module_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter and buffer of ``module`` by qualified name, tied ones under each name.
 
@@ -458,25 +394,15 @@ def bind_into_module(module: torch.nn.Module, tensors: Mapping[str, torch.Tensor
         )
 
 
-def owner_collect_released() -> None:
-    """Owner side: free CUDA blocks whose importers have released them (torch's IPC limbo)."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.ipc_collect()
-
-
 __all__ = [
     "AllocatorNotShareableError",
     "ImportedTensors",
     "SharedTensorSpec",
     "SharedTensors",
     "SharedTensorsError",
-    "allocate_single_segment",
     "bind_into_module",
     "export_tensors",
     "import_tensors",
-    "kv_pool_layer_specs",
-    "layer_views",
     "module_tensors",
-    "owner_collect_released",
     "refuse_unshareable_cuda_allocator",
 ]

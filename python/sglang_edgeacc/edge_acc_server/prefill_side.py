@@ -29,6 +29,7 @@ from sglang_edgeacc.edge_acc_server import roles
 from sglang_edgeacc.edge_acc_server.batch_codec import LocalObjects, unpack_prefill_batch
 from sglang_edgeacc.edge_acc_server.channel import SideChannel
 from sglang_edgeacc.edge_acc_server.child_failure import die_with_decode_side
+from sglang_edgeacc.edge_acc_server.graph_phases import skip_unused_graph_phase
 from sglang_edgeacc.edge_acc_server.group_consensus import all_ranks_agree
 from sglang_edgeacc.edge_acc_server.messages import (
     PrefillReady,
@@ -37,7 +38,12 @@ from sglang_edgeacc.edge_acc_server.messages import (
     SharedState,
     Shutdown,
 )
-from sglang_edgeacc.edge_acc_server.shared_state import WEIGHT_PREFIX, verify_shared_state
+from sglang_edgeacc.edge_acc_server.scheduler import EdgeAccSchedulerBase
+from sglang_edgeacc.edge_acc_server.shared_state import (
+    PrefillSharedState,
+    prefill_shared_state,
+    set_prefill_shared_state,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -45,84 +51,104 @@ SHARED_STATE_TIMEOUT_S = 600.0
 # When no prefill side of the group has work, each sleeps this long before
 # polling again (all of them see the same all-idle gather, so they stay in step).
 ALL_IDLE_SLEEP_S = 0.002
-# Test-only: an idle DP group skips the group's collective, as the seed's
-# unfixed scheduler did. A server with it set deadlocks under DP attention;
-# the regression test sets it to prove the test can fail.
-SKIP_IDLE_SYNC_ENV = "SGLANG_EDGEACC_TEST_SKIP_IDLE_SYNC"
-# Test-only: the prefill side of this DP rank fails at start, after mapping the
-# shared state (a real prefill side failed so in CI: a port taken by another).
-# The regression test shows the server then exits instead of hanging.
-FAIL_START_DP_RANK_ENV = "SGLANG_EDGEACC_TEST_FAIL_PREFILL_START_DP_RANK"
-FAIL_START_ENV = "SGLANG_EDGEACC_TEST_FAIL_PREFILL_START"  # set by the decode side of that rank
-
-# What the decode side shared, mapped before this process's scheduler is
-# built, so that the hooks of patches.edge_acc can build the model and the KV
-# pool around it instead of allocating: pool sizes, weights, KV buffers.
-_pending_state: SharedState | None = None
-_pending_import = None  # ImportedTensors
-
-
-def pending_memory_pool_config():
-    return None if _pending_state is None else _pending_state.memory_pool_config
-
-
-def pending_weights() -> dict | None:
-    if _pending_import is None:
-        return None
-    return {name[len(WEIGHT_PREFIX):]: t for name, t in _pending_import.tensors.items() if name.startswith(WEIGHT_PREFIX)}
-
-
-def pending_kv_buffers() -> list | None:
-    if _pending_import is None:
-        return None
-    return [_pending_import[name] for name in _pending_state.kv_buffer_names]
-
-
-def pending_req_to_token():
-    if _pending_import is None:
-        return None
-    from sglang_edgeacc.edge_acc_server.shared_state import REQ_TO_TOKEN
-
-    return _pending_import[REQ_TO_TOKEN]
+PROCESS_TITLE = "sglang::scheduler_edgeacc_prefill"
 
 
 def _decode_side_alive(decode_pid: int) -> bool:
     return os.getppid() == decode_pid
 
 
-class PrefillSideMixin:
+def _set_process_title(title: str) -> None:
+    # Operators (and the tests) tell the two sides apart in ps/top by this.
+    try:
+        import setproctitle
+    except ImportError:
+        return
+    setproctitle.setproctitle(title)
+
+
+def drop_load_snapshot_writer(scheduler) -> None:
+    """Close a scheduler's load-snapshot writer and remove the file it writes.
+
+    A prefill side has an instance id of its own (``port_plan``), so upstream's
+    writer creates a ``/dev/shm/sglang_loads_*`` file for it that nobody reads: the
+    DP controller and the tokenizer read the decode sides' instance. Upstream never
+    unlinks these files, so each start would leave one more behind.
+    """
+    from sglang.srt.managers.load_snapshot import ShmLoadSnapshotWriter
+
+    writer, scheduler.load_snapshot_writer = scheduler.load_snapshot_writer, None
+    if writer is None:
+        return
+    writer.close()
+    if isinstance(writer, ShmLoadSnapshotWriter):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(writer.path)
+
+
+class PrefillSideScheduler(EdgeAccSchedulerBase):
+    def __init__(self, server_args, port_args, *args, **kwargs):
+        _set_process_title(PROCESS_TITLE)
+        self._edge_channel: SideChannel | None = None
+        # Made once the pools exist (init_memory_pools).
+        self._edge_read_fence: ReadFence | None = None
+        self._edge_green_stream = None
+        self._edge_split: AdaptiveSplit | None = None
+        self._edge_prefill_connect()
+        super().__init__(server_args, port_args, *args, **kwargs)
+
+    # ----------------------------------------------------------------- start-up
+    def init_ipc_channels(self, port_args):
+        super().init_ipc_channels(port_args)
+        drop_load_snapshot_writer(self)
+
+    def init_memory_pools(self):
+        super().init_memory_pools()
+        # Before attention backends and graphs are built over the pools.
+        self._edge_prefill_adopt()
+
+    def init_all_cuda_graphs(self):
+        skip_unused_graph_phase(roles.PREFILL, self._edge_log_prefix())
+        super().init_all_cuda_graphs()
+
+    def init_model_worker(self):
+        super().init_model_worker()
+        self._edge_prefill_verify()
+
+    def _edge_event_loop(self) -> None:
+        self.event_loop_edge_acc_prefill()
+
     def _edge_prefill_connect(self) -> None:
-        """Before the scheduler is built: receive the decode side's shared state."""
-        global _pending_state
+        """Before the scheduler is built: receive the decode side's shared state.
+
+        What is mapped here is in place before upstream builds the model and the
+        pools, so that the hooks of ``patches.edge_acc`` build them around it.
+        """
         decode_pid = die_with_decode_side("[edgeacc prefill]")
         self._edge_channel = SideChannel(os.environ[roles.CHANNEL_ENV], bind=False)
         state = self._edge_channel.recv(
             timeout_s=SHARED_STATE_TIMEOUT_S, peer_alive=lambda: _decode_side_alive(decode_pid), what="shared state"
         )
         assert isinstance(state, SharedState), type(state)
-        global _pending_import
         start = time.perf_counter()
-        _pending_state = state
-        _pending_import = import_tensors(state.tensors)
-        self._edge_state = state
-        self._edge_imported = _pending_import
+        set_prefill_shared_state(PrefillSharedState(state=state, imported=import_tensors(state.tensors)))
         logger.info(
             "[edgeacc prefill] mapped %.1f MB of weights, KV cache and req_to_token from the decode side "
             "(pid %d) in %.2f s", state.tensors.total_bytes() / 2**20, state.decode_pid, time.perf_counter() - start,
         )
-        if os.environ.get(FAIL_START_ENV) == "1":
-            raise RuntimeError(f"[edgeacc prefill] test fault: {FAIL_START_DP_RANK_ENV} names this DP rank")
+
+    @property
+    def _edge_shared(self) -> PrefillSharedState:
+        return prefill_shared_state()
 
     def _edge_prefill_verify(self) -> None:
         """Once the worker is built: its weights, KV pool and every reader of req_to_token are shared."""
-        verify_shared_state(self.tp_worker.model_runner, self._edge_imported, self._edge_state)
+        self._edge_shared.verify(self.tp_worker.model_runner)
 
     def _edge_prefill_adopt(self) -> None:
         """After the pools exist, before attention backends and graphs: fences and the SM split."""
         runner = self.tp_worker.model_runner
         self._edge_read_fence = ReadFence(runner.device)
-        self._edge_green_stream = None
-        self._edge_split = None
         device = runner_gpu(runner)
         flags = get_flags(self.server_args)
         if flags.edge_acc_sm_partition == "adaptive":
@@ -152,8 +178,9 @@ class PrefillSideMixin:
 
     def event_loop_edge_acc_prefill(self) -> None:
         local = self._edge_prefill_local_objects()
-        decode_pid = self._edge_state.decode_pid
-        self._edge_channel.send(PrefillReady(pid=os.getpid(), mapped_bytes=self._edge_state.tensors.total_bytes()))
+        shared = self._edge_shared
+        decode_pid = shared.decode_pid
+        self._edge_channel.send(PrefillReady(pid=os.getpid(), mapped_bytes=shared.mapped_bytes))
         logger.info("%s ready", self._edge_log_prefix())
         peer_alive = lambda: _decode_side_alive(decode_pid)  # noqa: E731
         try:
@@ -162,7 +189,7 @@ class PrefillSideMixin:
             else:
                 self._edge_prefill_loop_on_demand(local, peer_alive)
         finally:
-            self._edge_imported.release()
+            shared.release()
 
     def _edge_prefill_loop_on_demand(self, local: LocalObjects, peer_alive) -> None:
         """Without DP attention each prefill side runs whenever its decode side sends work."""
@@ -181,7 +208,6 @@ class PrefillSideMixin:
         on it forever. The ranks of one attention-TP group take a batch from
         their decode sides in the same step, or not at all.
         """
-        skip_idle_sync = os.environ.get(SKIP_IDLE_SYNC_ENV) == "1"
         while True:
             ready = all_ranks_agree(self._edge_channel.wait_readable(0), self.attn_tp_cpu_group)
             work = None
@@ -192,11 +218,8 @@ class PrefillSideMixin:
                 work = message
             elif not peer_alive():
                 raise RuntimeError(f"{self._edge_log_prefix()} the decode side exited")
-            if work is None and skip_idle_sync:
-                time.sleep(ALL_IDLE_SLEEP_S)
-                continue
             batch = None if work is None else self._edge_unpack_work(work, local)
-            batch = self.dp_attn_adapter.prepare_mlp_sync_batch(batch)
+            batch = self._edge_join_group_step(batch)
             if batch is None:
                 time.sleep(ALL_IDLE_SLEEP_S)
                 continue
@@ -206,6 +229,12 @@ class PrefillSideMixin:
                 self.tp_worker.forward_batch_generation(batch)
                 continue
             self._edge_serve(work, local, batch=batch)
+
+    def _edge_join_group_step(self, batch):
+        """This side's share of the group's MLP sync: every side enters it each step, an idle one
+        without a batch. Returns the batch to run (IDLE for an idle side while others have work),
+        or None when no side of the group has work."""
+        return self.dp_attn_adapter.prepare_mlp_sync_batch(batch)
 
     def _edge_unpack_work(self, work: PrefillWork, local: LocalObjects):
         assert isinstance(work, PrefillWork), type(work)

@@ -6,6 +6,13 @@ the order ``MHATokenToKVPool._assign_post_capture_tensors`` maps back), and
 ``req_to_token``. The prefill side builds its model and pools like any scheduler,
 on the decode side's memory (``patches.edge_acc``), so both sides read and write
 the same weights, KV slots and request table; :func:`verify_shared_state` checks it.
+
+On the prefill side, what was mapped has one owner, :class:`PrefillSharedState`:
+set once when the prefill side connects (before its scheduler builds anything),
+and read through :func:`prefill_shared_state` by the hooks of ``patches.edge_acc``
+that build the model and the pools around it. Those hooks are module-level
+functions that upstream calls deep inside the scheduler's construction, with no
+handle on the scheduler, hence one process-wide accessor rather than an attribute.
 """
 
 from __future__ import annotations
@@ -14,6 +21,9 @@ import logging
 import os
 
 import torch
+
+from dataclasses import dataclass
+from typing import Optional
 
 from sglang_edgeacc.edge_acc.tensor_share import ImportedTensors, export_tensors, module_tensors
 from sglang_edgeacc.edge_acc_server.messages import SharedState
@@ -47,8 +57,6 @@ def export_model_runner_state(model_runner) -> SharedState:
         tensors[name] = buffer
         kv_names.append(name)
     tensors[REQ_TO_TOKEN] = model_runner.req_to_token_pool.req_to_token
-
-
     return SharedState(
         tensors=export_tensors(tensors),
         memory_pool_config=model_runner.memory_pool_config,
@@ -100,3 +108,57 @@ def request_table_readers(model_runner) -> list[tuple[str, object]]:
     if backend is not None and isinstance(getattr(backend, "req_to_token", None), torch.Tensor):
         readers.append((f"attention backend {type(backend).__name__}", backend.req_to_token))
     return readers
+
+
+@dataclass(frozen=True)
+class PrefillSharedState:
+    """Everything a prefill side mapped from its decode side: the message and its mappings."""
+
+    state: SharedState
+    imported: ImportedTensors
+
+    @property
+    def decode_pid(self) -> int:
+        return self.state.decode_pid
+
+    @property
+    def mapped_bytes(self) -> int:
+        return self.state.tensors.total_bytes()
+
+    @property
+    def memory_pool_config(self):
+        return self.state.memory_pool_config
+
+    def weights(self) -> dict:
+        """Parameters and buffers by their name in the model, as the meta-device loader binds them."""
+        return {name[len(WEIGHT_PREFIX):]: t for name, t in self.imported.tensors.items()
+                if name.startswith(WEIGHT_PREFIX)}
+
+    def kv_buffers(self) -> list:
+        """In upstream's own k-then-v order, as ``_assign_post_capture_tensors`` takes them."""
+        return [self.imported[name] for name in self.state.kv_buffer_names]
+
+    def req_to_token(self):
+        return self.imported[REQ_TO_TOKEN]
+
+    def verify(self, model_runner) -> None:
+        verify_shared_state(model_runner, self.imported, self.state)
+
+    def release(self) -> None:
+        self.imported.release()
+
+
+_prefill_shared_state: Optional[PrefillSharedState] = None
+
+
+def set_prefill_shared_state(shared: PrefillSharedState) -> None:
+    """Once per prefill process, when it has mapped what its decode side sent."""
+    global _prefill_shared_state
+    if _prefill_shared_state is not None:
+        raise RuntimeError("EdgeAcc: this prefill side already holds its decode side's shared state")
+    _prefill_shared_state = shared
+
+
+def prefill_shared_state() -> Optional[PrefillSharedState]:
+    """This prefill side's shared state; None before it connected and in every other process."""
+    return _prefill_shared_state

@@ -21,7 +21,7 @@ One row per module of ``PATCH_MODULES`` (a test checks that every row exists).
   the record validates the flags (``launch_validation``), attaches an
   ``EdgeAccFlags`` as the non-field attribute ``_edge_acc`` (carried to every
   child by sglang's pickling) and, with ``--enable-edge-acc``, prepares the
-  launch environment. Before upstream builds the record, with
+  launch environment (``launch_environment``). Before upstream builds the record, with
   ``--edge-acc-sm-partition green-context|adaptive`` on CUDA, it sets
   ``disable_prefill_cuda_graph`` (an explicit prefill graph backend is refused):
   a CUDA graph keeps the SMs of the stream it was captured on, so upstream's
@@ -38,7 +38,8 @@ One row per module of ``PATCH_MODULES`` (a test checks that every row exists).
   length its CUDA-graph path would use. Removable when upstream derives these
   from the platform (``get_platform()``) instead of ``SGLANG_USE_CPU_ENGINE``.
 * ``edge_acc`` — target: ``sglang.srt.managers.scheduler.Scheduler`` (class
-  REPLACE); on the prefill side only, ``KVCacheConfigurator._resolve_memory_pool_config``,
+  REPLACE, by the scheduler class of the process's side); on the prefill side
+  only, ``KVCacheConfigurator._resolve_memory_pool_config``,
   ``model_loader.loader.get_model_loader``,
   ``MHATokenToKVPool._create_buffers_normal`` and ``ReqToTokenPool.__init__``
   (AROUND); plus the scheduler,
@@ -47,9 +48,14 @@ One row per module of ``PATCH_MODULES`` (a test checks that every row exists).
   ``--enable-edge-acc`` (``SGLANG_EDGEACC=1``). Why: upstream has no intra-GPU
   prefill/decode split; each GPU needs a decode side that owns all memory state
   and a prefill side that only executes, without a second copy of weights or
-  KV. How: ``EdgeAccScheduler`` (``edge_acc_server``) subclasses upstream's
-  scheduler for both sides; the prefill side takes its decode side's pool
-  sizes, builds its model on the meta device and binds the decode side's
+  KV. How: each side is a subclass of upstream's scheduler, and a process
+  gets the one of its side, known from its environment when the plugin loads
+  (``edge_acc_server.roles``): ``DecodeSideScheduler`` (``decode_side``) or
+  ``PrefillSideScheduler`` (``prefill_side``), with what both share in
+  ``EdgeAccSchedulerBase``; the AROUND hooks are registered in prefill sides
+  only and read what was mapped from its one owner
+  (``shared_state.prefill_shared_state()``). The prefill side takes its decode
+  side's pool sizes, builds its model on the meta device and binds the decode side's
   weights (``SharedWeightsLoader``), and builds its KV pool on the decode
   side's buffers with upstream's ``_assign_post_capture_tensors``. Its
   request-to-token pool takes the decode side's table as it is built: upstream
@@ -65,7 +71,13 @@ One row per module of ``PATCH_MODULES`` (a test checks that every row exists).
   binds it) to check that updates stay in the memory the prefill side maps. The
   prefill side closes upstream's load-snapshot writer (``init_ipc_channels``) and
   removes its ``/dev/shm/sglang_loads_*`` file: it has an instance id of its own,
-  nobody reads its load, and upstream never unlinks the file. Removable
+  nobody reads its load, and upstream never unlinks the file. In
+  ``init_all_cuda_graphs`` each side turns off the CUDA graph phase it never
+  runs (decode side: prefill graphs; prefill side: decode graphs) through
+  upstream's resolved-config override, for its own process only, and the
+  decode side spawns its prefill side there, before capturing, so the two
+  captures overlap (after capture instead when upstream resizes the KV pool
+  after capture or still loads weights during it). Removable
   when upstream ships intra-GPU P/D disaggregation (or a scheduler extension
   point that carries it).
 * ``npu_preflight`` — target: resolution step ``handle_npu_backends``

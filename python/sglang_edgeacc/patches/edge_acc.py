@@ -3,19 +3,25 @@
 Installed only in processes of a launch with ``--enable-edge-acc`` (the
 launcher exports ``SGLANG_EDGEACC=1`` once it has parsed the flags, and sglang
 spawns its schedulers with that environment): upstream's ``Scheduler`` is
-REPLACEd by :class:`EdgeAccScheduler`; on the prefill side, the KV pool sizing
+REPLACEd by the scheduler class of the process's side, known from its
+environment when the plugin loads (``edge_acc_server.roles``):
+:class:`~sglang_edgeacc.edge_acc_server.decode_side.DecodeSideScheduler` or
+:class:`~sglang_edgeacc.edge_acc_server.prefill_side.PrefillSideScheduler`.
+On the prefill side only, the KV pool sizing
 step returns the decode side's sizes instead of profiling free memory, the
 model loader builds the model on the meta device and binds the decode side's
 weights, the MHA KV pool takes the decode side's buffers instead of
 allocating, and the request-to-token pool takes the decode side's table as it
 is built (before the KV index translator, the attention backends and the CUDA
 graphs capture it): the prefill side holds no second copy of weights or KV.
+These hooks read what was mapped from its one owner,
+``shared_state.prefill_shared_state()``.
 Every other launch never loads this patch.
 """
 
 from __future__ import annotations
 
-from sglang_edgeacc.edge_acc_server.roles import edge_acc_enabled
+from sglang_edgeacc.edge_acc_server.roles import edge_acc_enabled, is_prefill_side
 from sglang_edgeacc.patches._base import Patch, Target
 
 SCHEDULER = "sglang.srt.managers.scheduler"
@@ -26,48 +32,45 @@ REQ_TO_TOKEN_POOL = "sglang.srt.mem_cache.memory_pool.ReqToTokenPool"
 
 
 def _around_resolve_memory_pool_config(original, self, pre_model_load_memory):
-    from sglang_edgeacc.edge_acc_server.prefill_side import pending_memory_pool_config
-    from sglang_edgeacc.edge_acc_server.roles import is_prefill_side
+    from sglang_edgeacc.edge_acc_server.shared_state import prefill_shared_state
 
-    decode_config = pending_memory_pool_config() if is_prefill_side() else None
-    if decode_config is None or self.is_draft_worker:
+    shared = prefill_shared_state()
+    if shared is None or self.is_draft_worker:
         return original(self, pre_model_load_memory)
     # Same sizes as the decode side: the prefill side maps the decode side's
     # buffers into pools of exactly this shape.
-    return decode_config
+    return shared.memory_pool_config
 
 
 def _around_get_model_loader(original, load_config, model_config=None):
-    from sglang_edgeacc.edge_acc_server.prefill_side import pending_weights
-    from sglang_edgeacc.edge_acc_server.roles import is_prefill_side
+    from sglang_edgeacc.edge_acc_server.shared_state import prefill_shared_state
 
-    weights = pending_weights() if is_prefill_side() else None
-    if weights is None:
+    shared = prefill_shared_state()
+    if shared is None:
         return original(load_config, model_config)
     from sglang_edgeacc.edge_acc_server.shared_weights_loader import SharedWeightsLoader
 
-    return SharedWeightsLoader(load_config, weights)
+    return SharedWeightsLoader(load_config, shared.weights())
 
 
 def _around_create_kv_buffers(original, self):
-    from sglang_edgeacc.edge_acc_server.prefill_side import pending_kv_buffers
-    from sglang_edgeacc.edge_acc_server.roles import is_prefill_side
+    from sglang_edgeacc.edge_acc_server.shared_state import prefill_shared_state
 
-    shared = pending_kv_buffers() if is_prefill_side() else None
+    shared = prefill_shared_state()
     if shared is None:
         return original(self)
     # The decode side's buffers, in upstream's own k-then-v order: no allocation.
-    self._assign_post_capture_tensors(shared)
+    self._assign_post_capture_tensors(shared.kv_buffers())
 
 
 def _around_req_to_token_pool_init(original, self, *args, **kwargs):
-    from sglang_edgeacc.edge_acc_server.prefill_side import pending_req_to_token
-    from sglang_edgeacc.edge_acc_server.roles import is_prefill_side
+    from sglang_edgeacc.edge_acc_server.shared_state import prefill_shared_state
 
     original(self, *args, **kwargs)
-    shared = pending_req_to_token() if is_prefill_side() else None
-    if shared is None:
+    state = prefill_shared_state()
+    if state is None:
         return
+    shared = state.req_to_token()
     private = self.req_to_token
     if shared.shape != private.shape or shared.dtype != private.dtype:
         raise RuntimeError(
@@ -82,9 +85,17 @@ def _around_req_to_token_pool_init(original, self, *args, **kwargs):
 def _install() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from sglang_edgeacc.edge_acc_server.scheduler import EdgeAccScheduler
+    # Each process is one side for its whole life (roles: the environment it was
+    # spawned with), so it gets the scheduler class of that side only, and only a
+    # prefill side builds its model and pools around its decode side's memory.
+    if not is_prefill_side():
+        from sglang_edgeacc.edge_acc_server.decode_side import DecodeSideScheduler
 
-    HookRegistry.register(f"{SCHEDULER}.Scheduler", EdgeAccScheduler, HookType.REPLACE)
+        HookRegistry.register(f"{SCHEDULER}.Scheduler", DecodeSideScheduler, HookType.REPLACE)
+        return
+    from sglang_edgeacc.edge_acc_server.prefill_side import PrefillSideScheduler
+
+    HookRegistry.register(f"{SCHEDULER}.Scheduler", PrefillSideScheduler, HookType.REPLACE)
     HookRegistry.register(
         f"{CONFIGURATOR}._resolve_memory_pool_config", _around_resolve_memory_pool_config, HookType.AROUND
     )

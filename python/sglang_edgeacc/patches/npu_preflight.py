@@ -77,7 +77,8 @@ def run_npu_preflight(server_args, env: Optional[MutableMapping[str, str]] = Non
     """
     if not _is_npu(server_args):
         return None
-    from sglang_edgeacc.ascend.preflight_checks import WARN, run_preflight
+    from sglang_edgeacc.ascend.preflight_checks import run_preflight
+    from sglang_edgeacc.ascend.preflight_report import WARN
 
     env = os.environ if env is None else env
     settings = _settings_of(server_args)

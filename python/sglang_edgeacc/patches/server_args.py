@@ -14,11 +14,8 @@ from __future__ import annotations
 import logging
 
 from sglang_edgeacc import flags as edge_flags
-from sglang_edgeacc.launch_validation import (
-    keep_prefill_graphs_inside_green_contexts,
-    prepare_edge_acc_launch,
-    validate_launch,
-)
+from sglang_edgeacc.launch_environment import prepare_edge_acc_environment
+from sglang_edgeacc.launch_validation import keep_prefill_graphs_inside_green_contexts, validate_launch
 from sglang_edgeacc.patches._base import Patch, Target
 
 logger = logging.getLogger(__name__)
@@ -39,7 +36,7 @@ def _around_from_cli_args(original, cls, args):
     validate_launch(parsed, args)
     edge_flags.attach_flags(server_args, parsed)
     if parsed.enable_edge_acc:
-        prepare_edge_acc_launch(parsed, args)
+        prepare_edge_acc_environment(parsed, args)
     return server_args
 
 

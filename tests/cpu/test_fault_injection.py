@@ -1,0 +1,35 @@
+"""The test-only faults live in tests/fault_injection, not in the server package.
+
+The real-server tests that use them (test_edge_acc_server.py) take minutes; these
+checks fail at once when a hooked method is renamed or a switch creeps back in.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import sglang_edgeacc
+from fault_injection import edgeacc_faults
+
+
+def test_the_server_package_reads_no_test_switch():
+    root = Path(sglang_edgeacc.__file__).parent
+    for path in root.rglob("*.py"):
+        assert "SGLANG_EDGEACC_TEST_" not in path.read_text(), path
+
+
+def test_the_hooked_methods_exist_on_the_prefill_side():
+    from sglang_edgeacc.edge_acc_server.prefill_side import PrefillSideScheduler
+
+    for name in ("_edge_prefill_connect", "_edge_join_group_step"):
+        assert callable(getattr(PrefillSideScheduler, name)), name
+
+
+def test_server_env_puts_the_faults_first_on_the_path(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/a", "", "/b"]))
+    env = edgeacc_faults.server_env(**{edgeacc_faults.SKIP_IDLE_SYNC_ENV: "1"})
+    folder = str(Path(edgeacc_faults.__file__).resolve().parent)
+    assert env["PYTHONPATH"].split(os.pathsep) == [folder, "/a", "/b"]
+    assert (Path(folder) / "sitecustomize.py").is_file()
+    assert env[edgeacc_faults.SKIP_IDLE_SYNC_ENV] == "1"

@@ -1,0 +1,69 @@
+"""Test-only faults for the EdgeAcc server, injected from outside the package.
+
+A test that wants a fault starts the server with this folder on ``PYTHONPATH``
+(``server_env`` below) and the fault's variable set; Python imports this
+folder's ``sitecustomize`` at the start of every process of the server, which
+calls :func:`install`: in a prefill side it hooks
+the one method the fault is about through sglang's ``HookRegistry`` (applied
+when sglang loads its plugins, before the scheduler is built). Without the
+variables this module does nothing, and the package itself knows no faults.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# An idle prefill side skips the group's collective, as an unfixed scheduler did:
+# a server with it deadlocks under DP attention, which shows the regression test can fail.
+SKIP_IDLE_SYNC_ENV = "SGLANG_EDGEACC_TEST_SKIP_IDLE_SYNC"
+# The prefill side of this DP rank fails at start, after mapping the shared state (as a
+# prefill side whose port another process took does); the server must then exit, not hang.
+FAIL_START_DP_RANK_ENV = "SGLANG_EDGEACC_TEST_FAIL_PREFILL_START_DP_RANK"
+
+_PREFILL_SCHEDULER = "sglang_edgeacc.edge_acc_server.prefill_side.PrefillSideScheduler"
+# What the launcher exports to a prefill side only (edge_acc_server.roles).
+_ROLE_ENV, _PREFILL = "SGLANG_EDGEACC_ROLE", "prefill"
+
+
+def server_env(**faults: str) -> dict[str, str]:
+    """The environment of a server with ``faults`` (variable name to value) switched on."""
+    paths = [str(Path(__file__).resolve().parent)]
+    paths += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {"PYTHONPATH": os.pathsep.join(paths), **faults}
+
+
+def _dp_rank():
+    from sglang.srt.runtime_context import get_parallel
+
+    try:
+        return get_parallel().dp_rank
+    except (AttributeError, RuntimeError, ValueError):
+        return None
+
+
+def _fail_after_connect(original, self, *args, **kwargs):
+    result = original(self, *args, **kwargs)
+    if os.environ.get(FAIL_START_DP_RANK_ENV) == str(_dp_rank()):
+        raise RuntimeError(f"[edgeacc prefill] test fault: {FAIL_START_DP_RANK_ENV} names this DP rank")
+    return result
+
+
+def _skip_sync_when_idle(original, self, batch):
+    if batch is None:
+        return None  # the loop then sleeps and polls again, outside the collective
+    return original(self, batch)
+
+
+def install() -> None:
+    hooks = []
+    if os.environ.get(FAIL_START_DP_RANK_ENV):
+        hooks.append(("_edge_prefill_connect", _fail_after_connect))
+    if os.environ.get(SKIP_IDLE_SYNC_ENV) == "1":
+        hooks.append(("_edge_join_group_step", _skip_sync_when_idle))
+    if not hooks or os.environ.get(_ROLE_ENV) != _PREFILL:
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    for method, hook in hooks:
+        HookRegistry.register(f"{_PREFILL_SCHEDULER}.{method}", hook, HookType.AROUND)
