@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 import tempfile
+import threading
 import time
 import uuid
 from typing import Callable, Optional
@@ -33,7 +34,9 @@ class SideChannel:
 
     def send(self, message, *, peer_alive: Optional[Callable[[], bool]] = None, timeout_s: float = 600.0) -> None:
         """Send; a PAIR socket blocks until its peer has connected, so wait for that with checks."""
-        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        self._send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL), peer_alive, timeout_s)
+
+    def _send_bytes(self, data: bytes, peer_alive: Optional[Callable[[], bool]], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while not self._socket.poll(200, zmq.POLLOUT):
             if peer_alive is not None and not peer_alive():
@@ -41,6 +44,16 @@ class SideChannel:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the other EdgeAcc side did not connect within {timeout_s:.0f} s")
         self._socket.send(data)
+
+    def send_in_background(self, message, *, peer_alive: Callable[[], bool], timeout_s: float) -> "PendingSend":
+        """Pickle ``message`` now and send it from a thread; :meth:`PendingSend.wait` joins it.
+
+        For a message whose peer connects only after a slow start: the caller goes
+        on with its own work meanwhile. Until ``wait`` returns, nothing else may
+        use this channel (a ZeroMQ socket belongs to one thread at a time).
+        """
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        return PendingSend(self, data, peer_alive, timeout_s)
 
     def poll(self):
         """The next message if one is waiting, else None; never blocks."""
@@ -70,3 +83,24 @@ class SideChannel:
                 os.unlink(self.endpoint[len("ipc://"):])
             except OSError:
                 pass
+
+
+class PendingSend:
+    """One message on its way from a thread; ``wait`` returns once it is sent, or raises why not."""
+
+    def __init__(self, channel: SideChannel, data: bytes, peer_alive: Callable[[], bool], timeout_s: float):
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, args=(channel, data, peer_alive, timeout_s),
+                                        name="edgeacc-channel-send", daemon=True)
+        self._thread.start()
+
+    def _run(self, channel, data, peer_alive, timeout_s) -> None:
+        try:
+            channel._send_bytes(data, peer_alive, timeout_s)
+        except BaseException as exc:  # re-raised in the caller's thread by wait()
+            self._error = exc
+
+    def wait(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error

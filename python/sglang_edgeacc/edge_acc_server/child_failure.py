@@ -16,7 +16,7 @@ A decode side that dies takes its prefill side with it. Upstream arms the parent
 signal (SIGKILL when the parent exits) in a scheduler process only once that process has
 imported sglang, seconds after it was spawned. A decode side killed in that window (the
 server going down at start, the OOM killer) left an orphan that waited ten minutes for
-shared state that would never come; CI found one left behind. The prefill side arms the
+shared state that would never come. The prefill side arms the
 signal itself and then checks that its parent is still the decode side.
 """
 

@@ -24,7 +24,7 @@ import torch
 from sglang_edgeacc.edge_acc.ordering import WriteFence
 from sglang_edgeacc.edge_acc.sm_partition import child_env, environment_for_child, mps_priority_env
 from sglang_edgeacc.edge_acc_server import roles
-from sglang_edgeacc.edge_acc_server.channel import PeerLost, SideChannel, new_endpoint
+from sglang_edgeacc.edge_acc_server.channel import PeerLost, PendingSend, SideChannel, new_endpoint
 from sglang_edgeacc.edge_acc_server.child_failure import fail_on_prefill_side_sigquit
 from sglang_edgeacc.edge_acc_server.group_consensus import all_ranks_agree
 from sglang_edgeacc.edge_acc_server.messages import PrefillReady, PrefillResult, PrefillWork, Shutdown
@@ -84,6 +84,7 @@ class PrefillLink:
         self._agree_group = None
         self._seq = 0
         self._ready_pipe = None  # the spawned prefill side's start-up report, until wait_ready reads it
+        self._handover: Optional[PendingSend] = None  # the shared state on its way, until wait_ready joins it
         self._device = None
         self.inflight: Optional[InflightPrefill] = None
 
@@ -145,13 +146,22 @@ class PrefillLink:
 
         self._ready_pipe = reader
         self._device = model_runner.device
-        self._channel.send(export_model_runner_state(model_runner), peer_alive=self._proc.is_alive,
-                           timeout_s=PREFILL_START_TIMEOUT_S)
+        # Exported here (CUDA IPC handles are taken before this side starts capturing),
+        # sent from a thread: the child connects only once it has imported sglang,
+        # which takes long enough to matter when this side could be capturing meanwhile.
+        self._handover = self._channel.send_in_background(
+            export_model_runner_state(model_runner), peer_alive=self._proc.is_alive,
+            timeout_s=PREFILL_START_TIMEOUT_S)
 
     def wait_ready(self) -> None:
         """Block until the spawned prefill side reports ready (it fails the start if it exits first)."""
         reader, alive = self._ready_pipe, self._proc.is_alive
         self._ready_pipe = None
+        handover, self._handover = self._handover, None
+        try:
+            handover.wait()
+        except PeerLost:
+            raise PeerLost(f"the prefill side exited with code {self._proc.exitcode} during start") from None
         deadline = time.monotonic() + PREFILL_START_TIMEOUT_S
         while not reader.poll(1.0):
             if not alive():
