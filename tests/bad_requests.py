@@ -35,3 +35,47 @@ def send_half_a_request(port: int) -> None:
     with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
         conn.sendall(head + b'{"text": "Hello world", "sampling_params": {"max_new_to')
         time.sleep(0.5)
+
+
+def empty_prompt_outcome(server, probe_ids: list[int], settle_s: float = 60.0) -> dict:
+    """Send ``{"text": ""}`` to a healthy server and report what became of the server.
+
+    For a server without the ``request_validation`` patch: whether upstream refuses
+    the request itself, or its scheduler dies (and the launcher with it). ``probe_ids``
+    is a valid prompt whose greedy answer is asked for before and after.
+    """
+    import requests
+
+    def probe():
+        try:
+            response = requests.post(f"{server.url}/generate", timeout=60, json={
+                "input_ids": probe_ids, "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
+            return response.json().get("output_ids") if response.status_code == 200 else None
+        except (requests.RequestException, ValueError):
+            return None
+
+    before = probe()
+    try:
+        response = requests.post(f"{server.url}/generate", json={"text": ""}, timeout=120)
+        status, body = response.status_code, response.text[:300]
+    except requests.RequestException as exc:
+        status, body = None, repr(exc)[:300]
+    deadline = time.monotonic() + settle_s
+    after = None
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            break
+        after = probe()
+        if after is not None:
+            break
+        time.sleep(1.0)
+    log = server.log_tail(200_000)
+    return {
+        "status": status,
+        "body": body,
+        "served_before": before is not None,
+        "served_after": after is not None and after == before,
+        "server_exited": server.proc.poll() is not None,
+        "index_error_in_log": "IndexError" in log,
+        "device_assert_in_log": "device-side assert" in log,
+    }

@@ -13,7 +13,9 @@ import json
 
 import pytest
 import requests
-from bad_requests import BAD_INPUTS, send_half_a_request
+from bad_requests import BAD_INPUTS, empty_prompt_outcome, send_half_a_request
+from fault_injection import edgeacc_faults
+from harness import CpuServer
 
 pytestmark = pytest.mark.server
 
@@ -126,3 +128,18 @@ def test_a_client_that_closes_halfway_through_its_body_does_not_harm_the_server(
         before = _probe_ids(server)
         send_half_a_request(server.port)
         _assert_still_serving(server, before, f"a half-sent body on {launch}")
+
+
+def test_without_request_validation_an_empty_prompt_takes_the_server_down(cpu_servers):
+    """What the ``request_validation`` patch prevents, on the same sglang: the tests above fail without it."""
+    cpu_servers.stop_all()  # two cores: this server runs alone
+    server = CpuServer(args=PLAIN)
+    server.start(env=edgeacc_faults.server_env(**{edgeacc_faults.WITHOUT_PATCHES_ENV: "request_validation"}))
+    try:
+        outcome = empty_prompt_outcome(server, probe_ids=[5, 6, 7, 8])
+    finally:
+        server.stop()
+    assert outcome["served_before"], outcome
+    assert outcome["status"] != 400, outcome
+    assert not outcome["served_after"] and outcome["server_exited"], outcome
+    assert outcome["index_error_in_log"], outcome

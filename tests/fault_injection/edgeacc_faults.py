@@ -5,8 +5,9 @@ A test that wants a fault starts the server with this folder on ``PYTHONPATH``
 folder's ``sitecustomize`` at the start of every process of the server, which
 calls :func:`install`: in a prefill side it hooks
 the one method the fault is about through sglang's ``HookRegistry`` (applied
-when sglang loads its plugins, before the scheduler is built). Without the
-variables this module does nothing, and the package itself knows no faults.
+when sglang loads its plugins, before the scheduler is built), or switches a
+patch off in every process. Without the variables this module does nothing,
+and the package itself knows no faults.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ SKIP_IDLE_SYNC_ENV = "SGLANG_EDGEACC_TEST_SKIP_IDLE_SYNC"
 # The prefill side of this DP rank fails at start, after mapping the shared state (as a
 # prefill side whose port another process took does); the server must then exit, not hang.
 FAIL_START_DP_RANK_ENV = "SGLANG_EDGEACC_TEST_FAIL_PREFILL_START_DP_RANK"
+
+# Serve without the named patches (comma-separated names from sglang_edgeacc.patches), in every
+# process of the server: shows what a patch prevents, against the same sglang it patches.
+WITHOUT_PATCHES_ENV = "SGLANG_EDGEACC_TEST_WITHOUT_PATCHES"
 
 _PREFILL_SCHEDULER = "sglang_edgeacc.edge_acc_server.prefill_side.PrefillSideScheduler"
 # What the launcher exports to a prefill side only (edge_acc_server.roles).
@@ -55,7 +60,26 @@ def _skip_sync_when_idle(original, self, batch):
     return original(self, batch)
 
 
+def _without_patches(names: list[str]) -> None:
+    """Make the named patches not apply; runs before sglang loads its plugins."""
+    import dataclasses
+    import importlib
+
+    from sglang_edgeacc import patches
+
+    for name in names:
+        module_name = f"sglang_edgeacc.patches.{name}"
+        if module_name not in patches.PATCH_MODULES:
+            raise SystemExit(f"{WITHOUT_PATCHES_ENV}: no patch {name!r}; known: "
+                             f"{[m.rsplit('.', 1)[1] for m in patches.PATCH_MODULES]}")
+        module = importlib.import_module(module_name)
+        module.PATCH = dataclasses.replace(module.PATCH, applies=lambda: False)
+
+
 def install() -> None:
+    dropped = [n for n in os.environ.get(WITHOUT_PATCHES_ENV, "").split(",") if n]
+    if dropped:
+        _without_patches(dropped)
     hooks = []
     if os.environ.get(FAIL_START_DP_RANK_ENV):
         hooks.append(("_edge_prefill_connect", _fail_after_connect))

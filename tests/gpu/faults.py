@@ -16,6 +16,10 @@ Cases (each writes its figures into the JSON; ``--cases`` picks some):
   reused while decode steps run. Every request must complete with plain's tokens.
 * ``bad``: the bad requests of ``tests/bad_requests.py``, ``max_new_tokens`` 0 and half a
   request: the same 4xx as plain, and the next valid request is served.
+* ``empty-unpatched``: ``{"text": ""}`` to a plain and an EdgeAcc server started without the
+  plugin's ``request_validation`` patch (``SGLANG_EDGEACC_TEST_WITHOUT_PATCHES``): whether
+  sglang 0.5.23 itself refuses it or its scheduler dies (a finding; the patched servers of
+  ``bad`` must answer 400).
 * ``soak``: mixed load (long and short prompts, streaming or not, aborts) for
   ``--soak-s`` seconds: GPU memory, open descriptors and /dev/shm entries of every process
   of the server, sampled, with their drift after warm-up; errors in the log.
@@ -53,7 +57,8 @@ HERE = pathlib.Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1]))
 
-from bad_requests import BAD_INPUTS, send_half_a_request  # noqa: E402
+from bad_requests import BAD_INPUTS, empty_prompt_outcome, send_half_a_request  # noqa: E402
+from fault_injection import edgeacc_faults  # noqa: E402
 from harness import SglangServer, gpu_memory_by_pid, shm_in_use  # noqa: E402
 from server_suite import _arm_env, model_path  # noqa: E402
 
@@ -70,11 +75,15 @@ SERVERS = {
     "pressure-plain": (False, PRESSURE_POOL), "pressure-edge": (True, PRESSURE_POOL),
     "kill-plain": (False, POOL), "kill-edge-prefill": (True, POOL), "kill-edge-decode": (True, POOL),
     "soak-plain": (False, POOL), "soak-edge": (True, POOL),
+    "unpatched-plain": (False, POOL), "unpatched-edge": (True, POOL),
 }
+# Servers without the plugin's request validation: what unpatched sglang does with an empty prompt.
+UNPATCHED = {edgeacc_faults.WITHOUT_PATCHES_ENV: "request_validation"}
 CASE_SERVERS = {
     "kill": ("kill-plain", "kill-edge-prefill", "kill-edge-decode"),
     "aborts": ("main-plain", "main-edge"), "bad": ("main-plain", "main-edge"),
     "pressure": ("pressure-plain", "pressure-edge"), "soak": ("soak-plain", "soak-edge"),
+    "empty-unpatched": ("unpatched-plain", "unpatched-edge"),
 }
 
 
@@ -422,6 +431,17 @@ def case_bad(plain, edge) -> dict:
     return out
 
 
+def case_empty_unpatched(plain, edge) -> dict:
+    """A finding, not a check of ours: what sglang without ``request_validation`` does with ``{"text": ""}``.
+
+    Passes once both servers served before the empty prompt, so that what follows is the prompt's doing.
+    """
+    probe = ids(random.Random(9), 64)
+    out: dict = {label: empty_prompt_outcome(server, probe) for label, server in (("plain", plain), ("edge", edge))}
+    out["passed"] = out["plain"]["served_before"] and out["edge"]["served_before"]
+    return out
+
+
 def status_ok(status, name: str) -> bool:
     if name == "max_new_tokens_0":
         return status == 200
@@ -531,9 +551,11 @@ def main(argv=None) -> int:
 
     def make(name):
         edge, extra = SERVERS[name]
+        env = _arm_env("edge" if edge else "plain", args.platform)
+        if name.startswith("unpatched-"):
+            env = {**env, **edgeacc_faults.server_env(**UNPATCHED)}
         return SglangServer(args=(*BASE, *extra, *(EDGE if edge else ())), model_path=path, platform=args.platform,
-                            dummy_weights=dummy, env=_arm_env("edge" if edge else "plain", args.platform),
-                            startup_timeout_s=420)
+                            dummy_weights=dummy, env=env, startup_timeout_s=420)
 
     names = sorted({s for c in cases for s in CASE_SERVERS[c]})
     servers = {}
@@ -577,13 +599,14 @@ def main(argv=None) -> int:
             "aborts": lambda: case_aborts(servers["main-plain"], servers["main-edge"], args.scale),
             "pressure": lambda: case_pressure(servers["pressure-plain"], servers["pressure-edge"], args.scale),
             "bad": lambda: case_bad(servers["main-plain"], servers["main-edge"]),
+            "empty-unpatched": lambda: case_empty_unpatched(servers["unpatched-plain"], servers["unpatched-edge"]),
         }
         # The kills and the KV-pressure run use servers of their own: they run beside the others.
         side = [threading.Thread(target=guarded, args=(c, plans[c]), daemon=True) for c in ("kill", "pressure")
                 if c in cases]
         for t in side:
             t.start()
-        for case in ("aborts", "bad"):
+        for case in ("aborts", "bad", "empty-unpatched"):
             if case in cases:
                 guarded(case, plans[case])
         for t in side:

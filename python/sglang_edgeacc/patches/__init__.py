@@ -106,7 +106,8 @@ One row per module of ``PATCH_MODULES`` (a test checks that every row exists).
   message. So in both modes a crash (or a wrong answer) becomes a 400; no
   request upstream serves correctly is refused. A session's request is left to
   upstream, whose history may supply the prompt. Removable when upstream
-  refuses empty prompts after tokenization.
+  refuses empty prompts after tokenization: ``tests/cpu/test_bad_input.py``
+  serves the same request with the patch switched off and sees the server exit.
 """
 
 from __future__ import annotations
