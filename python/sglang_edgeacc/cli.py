@@ -18,7 +18,8 @@ from typing import Iterable, Optional
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "patches": ("sglang_edgeacc.patches.report", "list every upstream patch and whether it applies to the installed sglang"),
+    "patches": ("sglang_edgeacc.patches.report",
+                "list every upstream patch and whether it applies to the installed sglang"),
     "tiny-model": ("sglang_edgeacc.tiny_model", "print the directory of the shipped tiny random-weight model"),
     "mps": ("sglang_edgeacc.mps.cli", "start, stop or inspect the CUDA MPS control daemon EdgeAcc uses"),
     "hccl-budget": ("sglang_edgeacc.ascend.budget_cli", "compute the HCCL buffer DeepEP needs on Ascend"),

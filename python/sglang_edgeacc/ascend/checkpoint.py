@@ -72,7 +72,10 @@ class CheckpointFacts:
         return counts
 
     def main_quantization(self) -> Optional[str]:
-        """The ModelSlim scheme of the main layers' projections (e.g. W8A8_DYNAMIC), FLOAT, or None without a description."""
+        """The ModelSlim scheme of the main layers' projections (e.g. W8A8_DYNAMIC), FLOAT, or None.
+
+        None when the checkpoint has no quantization description.
+        """
         if self.quant_description is None:
             return None
         counts = self._quant_types(in_mtp=False)

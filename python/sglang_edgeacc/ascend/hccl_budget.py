@@ -217,7 +217,8 @@ class Requirement:
             "tokens_per_rank": self.tokens_per_rank,
             "required_mb": self.required_mb,
             "required_bytes": self.required_bytes,
-            "terms": [{"name": t.name, "formula": t.formula, "bytes": t.bytes, "mb": round(t.mb, 3)} for t in self.terms],
+            "terms": [{"name": t.name, "formula": t.formula, "bytes": t.bytes, "mb": round(t.mb, 3)}
+                      for t in self.terms],
         }
 
 
@@ -370,7 +371,8 @@ def low_latency_requirement(
     tiling_terms = (
         dispatch,
         combine,
-        Term("double data buffer (second ping-pong half)", "x2", (dispatch.bytes + combine.bytes) * (DOUBLE_DATA_BUFFER - 1)),
+        Term("double data buffer (second ping-pong half)", "x2",
+             (dispatch.bytes + combine.bytes) * (DOUBLE_DATA_BUFFER - 1)),
     )
     tiling = Requirement(
         hardware,

@@ -79,7 +79,8 @@ def _attn_dp(dp_size: int, attn_dp_size: Optional[int], enable_dp_attention: boo
     return dp_size if enable_dp_attention else 1
 
 
-def settings_from_server_args(server_args, skip_preflight: bool = False, model_path: Optional[str] = None) -> LaunchSettings:
+def settings_from_server_args(server_args, skip_preflight: bool = False,
+                              model_path: Optional[str] = None) -> LaunchSettings:
     """Read a ServerArgs record (the raw values the user gave, as the fields hold them)."""
     get = lambda name, default=None: getattr(server_args, name, default)  # noqa: E731
     dp_size = int(get("dp_size", 1) or 1)
@@ -170,7 +171,8 @@ def parse_tolerant(argv: Sequence[str]) -> LaunchSettings:
         # argparse already printed why (e.g. `--tp abc`); say which command it was.
         raise LaunchArgumentsError("cannot read the launch arguments (see the message above)") from None
     if not ns.model_path:
-        raise LaunchArgumentsError("the launch arguments have no --model-path; pass the exact launch_server arguments after `--`")
+        raise LaunchArgumentsError(
+            "the launch arguments have no --model-path; pass the exact launch_server arguments after `--`")
     return LaunchSettings(
         model_path=ns.model_path,
         device=ns.device,

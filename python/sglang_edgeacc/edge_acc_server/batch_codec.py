@@ -124,7 +124,8 @@ def pack_prefill_batch(batch, tokenizer=None) -> bytes:
     try:
         _BatchPickler(buffer, _local_types(), prefilled_grammar_masks(batch), local_objects).dump(batch)
     except Exception as exc:
-        raise TypeError(f"EdgeAcc cannot send this prefill batch: {exc}; unpicklable: {_unpicklable_paths(batch)}") from exc
+        raise TypeError(
+            f"EdgeAcc cannot send this prefill batch: {exc}; unpicklable: {_unpicklable_paths(batch)}") from exc
     return buffer.getvalue()
 
 

@@ -39,7 +39,8 @@ class PrefillSideFailed(PeerLost):
 
 def _raise_prefill_side_failed(signum, frame) -> None:
     del signum, frame
-    raise PrefillSideFailed("the prefill side failed and sent SIGQUIT to its decode side; its traceback is logged above")
+    raise PrefillSideFailed(
+        "the prefill side failed and sent SIGQUIT to its decode side; its traceback is logged above")
 
 
 def fail_on_prefill_side_sigquit(log_prefix: str) -> bool:

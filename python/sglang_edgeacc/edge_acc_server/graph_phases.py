@@ -40,6 +40,7 @@ def skip_unused_graph_phase(role: str, log_prefix: str) -> Optional[str]:
     phase = unused_phase(role)
     if config is None or getattr(config, phase).backend == Backend.DISABLED:
         return None
-    get_context().override(f"edgeacc.{role}_side", cuda_graph_config=with_phase(config, phase, backend=Backend.DISABLED))
+    get_context().override(f"edgeacc.{role}_side",
+                           cuda_graph_config=with_phase(config, phase, backend=Backend.DISABLED))
     logger.info("%s %s CUDA graphs off: the %s side never runs a %s forward", log_prefix, phase, role, phase)
     return phase

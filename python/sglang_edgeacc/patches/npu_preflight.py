@@ -121,7 +121,8 @@ def _install() -> None:
 
 PATCH = Patch(
     name="npu_preflight",
-    summary="Ascend: refuse launches that hang or crash in DeepEP, size DEEPEP_HCCL_BUFFSIZE, before any NPU memory is used",
+    summary=("Ascend: refuse launches that hang or crash in DeepEP, size DEEPEP_HCCL_BUFFSIZE, "
+             "before any NPU memory is used"),
     targets=(
         Target("sglang.srt.arg_groups.resolution_hooks.register_resolution_hook", ("name",)),
         Target("sglang.srt.arg_groups.platform_hook.handle_npu_backends", ("server_args",)),
