@@ -35,7 +35,7 @@ STARTUP_TIMEOUT_S = float(os.environ.get("EDGEACC_TEST_STARTUP_TIMEOUT", "480"))
 # and the next seven ports only after start-up. Ports the kernel hands out for
 # outgoing connections (bind(0), connect()) come from the ephemeral range, so a
 # server port picked there can find port+233 taken by some other connection
-# (CI saw it: "dist_init_port ... is not available in 30 seconds"). Servers
+# (the server then fails with "dist_init_port ... is not available in 30 seconds"). Servers
 # therefore get ports below that range, with the derived ones checked free too.
 _DERIVED_PORT_OFFSETS = (0, *range(233, 241))
 _SERVER_PORT_RANGE = (12000, 21500)  # upstream picks its NCCL ports from 22000 up

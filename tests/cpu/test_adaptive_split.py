@@ -150,7 +150,7 @@ def test_default_sm_counts_on_an_h200():
     assert default_sm_counts(132, 8, 8, count=1) == [112, 128]
 
 
-# --- feed-forward on the decode load (issue 7, run 3)
+# --- feed-forward on the decode load
 
 # Decode P99 (ms) per decode batch and split, shaped like the H200 run 2 (batch 64 / 32;
 # splits 32, 48, 72, 96, 112 SMs). ITL SLO 21.58 ms: at batch 64 only splits 0..2 hold it,

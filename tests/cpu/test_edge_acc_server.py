@@ -214,7 +214,7 @@ def _session_processes(session_id: int) -> list[psutil.Process]:
 
 
 def test_a_prefill_side_failing_at_start_takes_a_dp_server_down(monkeypatch):
-    """One DP rank's prefill side fails at start (CI saw it: a port taken). Upstream's error path
+    """One DP rank's prefill side fails at start (as when its port is taken). Upstream's error path
     signals its parent, the decode side; that used to kill the decode side outright and the
     data-parallel controller then waited forever for its "ready". Now the server exits."""
     import harness
@@ -228,13 +228,32 @@ def test_a_prefill_side_failing_at_start_takes_a_dp_server_down(monkeypatch):
         log = server.log_tail(200_000)
         assert "test fault" in log  # the prefill side of DP rank 1 failed ...
         assert "PrefillSideFailed" in log  # ... and its decode side went down through its error path
-        # The other rank's prefill side may still be importing sglang when its decode side is killed
-        # (CI saw it): it notices at its first own line of code, once its imports are done.
+        # The other rank's prefill side may still be importing sglang when its decode side is killed;
+        # it notices at its first own line of code, once its imports are done.
         deadline = time.monotonic() + 60
         while _session_processes(server.proc.pid) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not _session_processes(server.proc.pid), "processes of the server left behind"
         assert time.monotonic() - started < 300
+    finally:
+        server.stop()
+
+
+def test_a_prefill_side_that_exits_before_connecting_fails_the_start_with_its_exit_code():
+    """The shared state goes out from a thread while the decode side goes on with its start;
+    a child that never connects must still end the start, with the reason, and leave nothing."""
+    server = CpuServer(args=("--enable-edge-acc", "--skip-server-warmup"))
+    started = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match="server exited with"):
+            server.start(env=edgeacc_faults.server_env(**{edgeacc_faults.EXIT_BEFORE_CONNECT_ENV: "7"}))
+        log = server.log_tail(200_000)
+        assert "the prefill side exited with code 7 during start" in log, log[-3000:]
+        deadline = time.monotonic() + 30
+        while _session_processes(server.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _session_processes(server.proc.pid), "processes of the server left behind"
+        assert time.monotonic() - started < 240
     finally:
         server.stop()
 

@@ -22,6 +22,9 @@ SKIP_IDLE_SYNC_ENV = "SGLANG_EDGEACC_TEST_SKIP_IDLE_SYNC"
 # prefill side whose port another process took does); the server must then exit, not hang.
 FAIL_START_DP_RANK_ENV = "SGLANG_EDGEACC_TEST_FAIL_PREFILL_START_DP_RANK"
 
+# The prefill side exits with this code before it connects to its decode side (as one whose
+# imports fail does); the decode side must fail its start with that code, not wait.
+EXIT_BEFORE_CONNECT_ENV = "SGLANG_EDGEACC_TEST_PREFILL_EXIT_BEFORE_CONNECT"
 # Serve without the named patches (comma-separated names from sglang_edgeacc.patches), in every
 # process of the server: shows what a patch prevents, against the same sglang it patches.
 WITHOUT_PATCHES_ENV = "SGLANG_EDGEACC_TEST_WITHOUT_PATCHES"
@@ -54,6 +57,15 @@ def _fail_after_connect(original, self, *args, **kwargs):
     return result
 
 
+def _exit_before_connect(original, self, *args, **kwargs):
+    del original, self, args, kwargs
+    import logging
+
+    logging.getLogger(__name__).error("[edgeacc prefill] test fault: %s, exiting", EXIT_BEFORE_CONNECT_ENV)
+    logging.shutdown()
+    os._exit(int(os.environ[EXIT_BEFORE_CONNECT_ENV]))
+
+
 def _skip_sync_when_idle(original, self, batch):
     if batch is None:
         return None  # the loop then sleeps and polls again, outside the collective
@@ -81,6 +93,8 @@ def install() -> None:
     if dropped:
         _without_patches(dropped)
     hooks = []
+    if os.environ.get(EXIT_BEFORE_CONNECT_ENV):
+        hooks.append(("_edge_prefill_connect", _exit_before_connect))
     if os.environ.get(FAIL_START_DP_RANK_ENV):
         hooks.append(("_edge_prefill_connect", _fail_after_connect))
     if os.environ.get(SKIP_IDLE_SYNC_ENV) == "1":

@@ -1,4 +1,4 @@
-"""GPU proof for issue 7: the adaptive split's pre-built partitions really confine the prefill side.
+"""GPU proof: the adaptive split's pre-built partitions really confine the prefill side.
 
 Builds GreenContextPartitions on cuda:0 (no MPS percentage in this process), runs the same
 8192^3 bf16 matmul on the smallest and the largest partition and on an ordinary stream, and
