@@ -8,7 +8,8 @@
 #   bench:ARMS[:WORKLOADS]        benchmarks/serving_vs_upstream.py, ARMS/WORKLOADS comma-separated;
 #                                 BENCH_LAYOUT="--tp 2" (say) adds a layout to every arm
 #   mps-priority                  benchmarks/latency_physics.py, prefill side at normal and below-normal priority
-#   faults[:CASES]                tests/gpu/faults.py (CASES comma-separated, default all; FAULTS_SOAK_S, default 300)
+#   faults[:CASES]                tests/gpu/faults.py (CASES comma-separated, default kill,aborts,pressure,bad,soak;
+#                                 empty-unpatched on request; FAULTS_SOAK_S, default 300)
 #   bg+STEP                       STEP in the background, beside the steps after it (waited for at the end)
 #
 # EdgeAcc servers are MPS clients of the daemon (EDGEACC_SUITE_MPS_PIPE names its pipe directory);
