@@ -14,6 +14,10 @@ so the comparison also says whether EdgeAcc answered as upstream did.
 
     python benchmarks/serving_vs_upstream.py --report a.json b.json   # merge runs, print the ratio table
 
+``--gpu-share`` starts every arm with ``--enable-metrics`` and, for EdgeAcc arms, reads the
+decode side's work counters around each workload: the prefill side's achieved TFLOP/s and the
+decode side's GB/s beside a prefill and alone (``benchmarks/gpu_share.py``).
+
 The model is Qwen3-8B-shaped with dummy weights and a production-sized
 (151,936-entry) tokenizer (``tests/serving_models.py``). ``--platform cpu
 --dry-run`` runs every step on the CPU platform with the tiny model and tiny
@@ -40,6 +44,7 @@ sys.path.insert(0, str(ROOT / "python"))
 
 from harness import SglangServer, gpu_memory_by_pid  # noqa: E402
 import serving_models  # noqa: E402
+import gpu_share  # noqa: E402  (benchmarks/, this script's folder)
 
 COMMON_ARGS = ("--mem-fraction-static", "0.6", "--cuda-graph-max-bs-decode", "128")
 
@@ -112,11 +117,17 @@ def bench_argv(url: str, model: str, w: Workload, out_file: str, seed: int) -> l
     return argv
 
 
-def bench_serving_many(runs: list[list[str]]) -> None:
-    """Run upstream's bench_serving once per argument list, in this process (its imports cost once)."""
+def bench_serving_many(plan: dict) -> None:
+    """Run upstream's bench_serving once per argument list, in this process (its imports cost once).
+
+    With a ``metrics_url``, EdgeAcc's work counters are read before and after each run and
+    written beside its result (``counter_files``).
+    """
     from sglang.benchmark.serving import cli_main
 
-    for argv in runs:
+    url = plan.get("metrics_url")
+    for argv, counter_file in zip(plan["runs"], plan["counter_files"]):
+        before = gpu_share.scrape(url) if url else None
         sys.argv = ["sglang.bench_serving", *argv]
         try:
             cli_main()
@@ -124,13 +135,22 @@ def bench_serving_many(runs: list[list[str]]) -> None:
             pass
         except Exception as exc:  # noqa: BLE001 - the caller sees a missing result file
             print(f"bench_serving failed: {type(exc).__name__}: {exc}", flush=True)
+        if url:
+            time.sleep(1.0)  # upstream's multiprocess collector reads what the schedulers wrote
+            pathlib.Path(counter_file).write_text(json.dumps({"before": before, "after": gpu_share.scrape(url)}))
 
 
-def run_workloads(server: SglangServer, model: str, workloads: dict[str, Workload], log_dir: pathlib.Path) -> dict:
+def run_workloads(server: SglangServer, model: str, workloads: dict[str, Workload], log_dir: pathlib.Path,
+                  counters: bool = False) -> dict:
     files = {name: str(log_dir / f"bench_{name}_{server.port}.jsonl") for name in workloads}
-    runs = [bench_argv(server.url, model, w, files[name], seed=workload_seed(name)) for name, w in workloads.items()]
+    plan = {
+        "runs": [bench_argv(server.url, model, w, files[name], seed=workload_seed(name))
+                 for name, w in workloads.items()],
+        "metrics_url": server.url if counters else None,
+        "counter_files": [files[name] + ".counters.json" for name in workloads],
+    }
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, str(HERE), "--bench-serving-runs", json.dumps(runs)],
+    proc = subprocess.run([sys.executable, str(HERE), "--bench-serving-runs", json.dumps(plan)],
                           capture_output=True, text=True, timeout=900)
     (log_dir / f"bench_serving_{server.port}.log").write_text(proc.stdout[-200_000:] + proc.stderr[-200_000:])
     results = {}
@@ -144,6 +164,11 @@ def run_workloads(server: SglangServer, model: str, workloads: dict[str, Workloa
         gaps = [g for itls in result.get("itls") or [] for g in (itls or [])]
         picked["max_itl_ms"] = max(gaps) * 1000 if gaps else None
         picked["errors"] = sum(1 for e in result.get("errors") or [] if e)
+        counter_file = pathlib.Path(files[name] + ".counters.json")
+        if counters and counter_file.exists() and picked.get("duration"):
+            seen = json.loads(counter_file.read_text())
+            picked["gpu_share"] = gpu_share.shares(seen["before"], seen["after"],
+                                                   gpu_share.ModelCosts.from_model_dir(model), picked["duration"])
         results[name] = picked
     print(f"[bench] workloads took {time.monotonic() - started:.0f} s", flush=True)
     return results
@@ -164,10 +189,14 @@ def server_memory(server: SglangServer) -> dict[str, int]:
 
 
 def run_arm(arm: str, platform: str, model: str, dummy: bool, workloads: dict[str, Workload],
-            log_dir: pathlib.Path, fingerprint_vocab: int, layout: tuple[str, ...] = ()) -> dict:
+            log_dir: pathlib.Path, fingerprint_vocab: int, layout: tuple[str, ...] = (),
+            counters: bool = False) -> dict:
     from server_suite import fingerprint  # tests/gpu/server_suite.py
 
     flags, uses_mps = ARMS[arm]
+    if counters:
+        # On every arm, so that what metrics cost is the same on both sides of a ratio.
+        flags = (*flags, "--enable-metrics")
     common = COMMON_ARGS if platform == "cuda" else ()
     env = {}
     if uses_mps and platform == "cuda" and os.environ.get("EDGEACC_SUITE_MPS_PIPE"):
@@ -182,7 +211,8 @@ def run_arm(arm: str, platform: str, model: str, dummy: bool, workloads: dict[st
         print(f"[bench] {arm}: healthy after {server.started_s:.0f} s", flush=True)
         entry["fingerprint"] = fingerprint(server, fingerprint_vocab, sensitive=False)
         entry["gpu_mib"] = server_memory(server)
-        entry["workloads"] = run_workloads(server, model, workloads, log_dir)
+        entry["workloads"] = run_workloads(server, model, workloads, log_dir,
+                                           counters=counters and "--enable-edge-acc" in flags)
         for name, r in entry["workloads"].items():
             print(f"[bench] {arm}/{name}: {json.dumps(r)[:300]}", flush=True)
     except Exception as exc:  # noqa: BLE001 - recorded, the next arm still runs
@@ -259,7 +289,8 @@ def report(paths: list[str]) -> str:
     arms: dict = {}
     for path in paths:
         arms.update(json.loads(pathlib.Path(path).read_text())["arms"])
-    return ratio_table(arms) + "\n\n" + outputs_table(arms)
+    shares = gpu_share.share_table(arms)
+    return ratio_table(arms) + "\n\n" + outputs_table(arms) + ("\n\n" + shares if shares else "")
 
 
 def main(argv=None) -> int:
@@ -273,6 +304,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="")
     parser.add_argument("--workdir", default="")
     parser.add_argument("--report", nargs="*", help="print the table of earlier --out files and exit")
+    parser.add_argument("--gpu-share", action="store_true",
+                        help="--enable-metrics on every arm; record each EdgeAcc side's TFLOP/s and GB/s")
     parser.add_argument("--bench-serving-runs", help=argparse.SUPPRESS)  # internal: one process per arm
     args = parser.parse_args(argv)
     if args.bench_serving_runs:
@@ -300,10 +333,11 @@ def main(argv=None) -> int:
                "layout": args.layout, "arms": {}}
     for arm in args.arms.split(","):
         results["arms"][arm] = run_arm(arm, args.platform, model, dummy, workloads, log_dir, vocab,
-                                       layout=tuple(args.layout.split()))
+                                       layout=tuple(args.layout.split()), counters=args.gpu_share)
         out.write_text(json.dumps(results, indent=1))
     print(ratio_table(results["arms"]))
     print(outputs_table(results["arms"]))
+    print(gpu_share.share_table(results["arms"]))
     return 0 if all("error" not in e for e in results["arms"].values()) else 1
 
 

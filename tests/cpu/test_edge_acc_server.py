@@ -267,6 +267,55 @@ def test_edge_acc_metrics_on_upstream_endpoint(cpu_servers):
         assert series in text, series
 
 
+def _counter(text: str, name: str, **labels: str) -> float:
+    """The sum of a Prometheus counter's samples whose labels include ``labels``."""
+    total = 0.0
+    for line in text.splitlines():
+        match = re.fullmatch(rf"{name}_total(?:{{(.*)}})? (\S+)", line)
+        if match is None:
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1) or ""))
+        if all(found.get(k) == v for k, v in labels.items()):
+            total += float(match.group(2))
+    return total
+
+
+def test_edge_acc_work_counters_add_up_for_one_request(cpu_servers):
+    """The counters from which a benchmark computes each side's share of the GPU count the work exactly."""
+    import random
+
+    server = cpu_servers.get("--enable-edge-acc", "--enable-metrics")
+    names = ("prefill_tokens", "prefill_attention_pairs", "prefill_forward_seconds", "decode_steps",
+             "decode_step_requests", "decode_context_tokens", "decode_step_seconds")
+
+    def scrape() -> dict[str, float]:
+        text = requests.get(f"{server.url}/metrics", timeout=30).text
+        return {n: _counter(text, f"sglang_edgeacc_{n}") for n in names}
+
+    prompt = [random.Random(os.getpid()).randrange(5, 400) for _ in range(300)]
+    max_new = 12
+    before = scrape()
+    reply = requests.post(f"{server.url}/generate", timeout=120, json={
+        "input_ids": prompt,
+        "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}}).json()
+    assert len(reply["output_ids"]) == max_new
+    cached = reply["meta_info"].get("cached_tokens", 0)
+    time.sleep(1.0)  # the multiprocess collector reads what the scheduler wrote
+    delta = {n: v - before[n] for n, v in scrape().items()}
+
+    new = len(prompt) - cached
+    assert delta["prefill_tokens"] == new
+    assert delta["prefill_attention_pairs"] == new * cached + new * (new + 1) // 2
+    assert delta["prefill_forward_seconds"] > 0
+    # The first token comes from the prefill side; the first decode step after it is not timed
+    # (the loop idled while the prefill ran), the others are, each attending to its whole sequence.
+    timed = list(range(3, max_new + 1))  # the output token each timed step produced
+    assert delta["decode_steps"] == len(timed)
+    assert delta["decode_step_requests"] == len(timed)
+    assert delta["decode_context_tokens"] == sum(len(prompt) + j - 1 for j in timed)
+    assert delta["decode_step_seconds"] > 0
+
+
 def _random_checkpoint(directory, seed: int) -> str:
     """The shipped tiny model's config and tokenizer with random weights saved as safetensors."""
     import shutil

@@ -6,7 +6,8 @@
 # Steps (run in order, each under its own time limit):
 #   suite[:FAMILIES]              tests/gpu/server_suite.py (FAMILIES comma-separated, default all)
 #   bench:ARMS[:WORKLOADS]        benchmarks/serving_vs_upstream.py, ARMS/WORKLOADS comma-separated;
-#                                 BENCH_LAYOUT="--tp 2" (say) adds a layout to every arm
+#                                 BENCH_LAYOUT="--tp 2" (say) adds a layout to every arm; BENCH_GPU_SHARE=1 adds
+#                                 --gpu-share (each EdgeAcc side's TFLOP/s and GB/s from its work counters)
 #   mps-priority                  benchmarks/latency_physics.py, prefill side at normal and below-normal priority
 #   faults[:CASES]                tests/gpu/faults.py (CASES comma-separated, default kill,aborts,pressure,bad,soak;
 #                                 empty-unpatched on request; FAULTS_SOAK_S, default 300)
@@ -83,7 +84,8 @@ run_one() {  # index, kind, a, b
         --workdir "$WORK/models$i" ${a:+--families "$a"} ;;
     bench)
       run_step "bench$i" "$STEP_LIMIT_S" python3 benchmarks/serving_vs_upstream.py --out "$OUT/bench$i.json" \
-        --workdir "$WORK/models$i" --arms "$a" ${b:+--workloads "$b"} ${BENCH_LAYOUT:+--layout "$BENCH_LAYOUT"} ;;
+        --workdir "$WORK/models$i" --arms "$a" ${b:+--workloads "$b"} ${BENCH_LAYOUT:+--layout "$BENCH_LAYOUT"} \
+        ${BENCH_GPU_SHARE:+--gpu-share} ;;
     faults)
       run_step "faults$i" "$STEP_LIMIT_S" python3 tests/gpu/faults.py --out "$OUT/faults$i.json" \
         --workdir "$WORK/models$i" ${a:+--cases "$a"} --soak-s "${FAULTS_SOAK_S:-300}" ;;

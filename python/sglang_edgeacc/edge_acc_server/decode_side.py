@@ -155,6 +155,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
 
                 if batch is None:
                     self.decode_step_times.idle()
+                    self.edge_acc_stats.decode_idle()
                     if self.prefill_link.busy:
                         self.prefill_link.wait_readable(IDLE_WAIT_MS)
                     elif self.last_batch is None:
@@ -167,6 +168,13 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
     def _edge_process_decode_result(self, batch, result) -> None:
         self.process_batch_result(batch, result)
         self.decode_step_times.record(batch, prefill_in_flight=self.prefill_link.busy)
+        if self.edge_acc_stats.enabled:
+            if batch.forward_mode.is_decode():
+                # Each request attended to its whole sequence but the token this step appended.
+                context = sum(len(req.origin_input_ids) + len(req.output_ids) - 1 for req in batch.reqs)
+                self.edge_acc_stats.record_decode_step(len(batch.reqs), context, self.prefill_link.busy)
+            else:
+                self.edge_acc_stats.decode_idle()
 
     def is_fully_idle(self, for_health_check=False, ignore_waiting=False) -> bool:
         # The requests of an in-flight prefill batch are in no queue and no
@@ -218,6 +226,9 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         from sglang.srt.managers.utils import GenerationBatchResult
 
         batch = inflight.batch
+        # Before result processing and the merge change the batch.
+        tokens = batch.extend_num_tokens or 0
+        pairs = sum(e * p + e * (e + 1) // 2 for e, p in zip(batch.extend_lens or (), batch.prefix_lens or ()))
         device = self.tp_worker.model_runner.device
         result = GenerationBatchResult(
             logits_output=reply.logits_output,
@@ -234,7 +245,8 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         result.extend_logprob_start_len_per_req = batch.extend_logprob_start_lens if batch.return_logprob else None
         self.process_batch_result(batch, result)
         self._edge_merge_prefilled(batch)
-        self.edge_acc_stats.record_handoff(time.monotonic() - inflight.sent_at, reply.forward_ms, batch.batch_size())
+        self.edge_acc_stats.record_handoff(time.monotonic() - inflight.sent_at, reply.forward_ms, batch.batch_size(),
+                                           tokens=tokens, attention_pairs=pairs)
 
     def _edge_merge_prefilled(self, batch) -> None:
         """Upstream's merge of a finished prefill into the running batch (get_next_batch_to_run)."""

@@ -8,7 +8,9 @@ write there), so they appear on upstream's ``/metrics`` endpoint.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
+from typing import Optional
 
 logger = logging.getLogger(__name__)
 
@@ -20,6 +22,8 @@ class EdgeAccStats:
     last_prefill_forward_ms: float = 0.0
     last_message_bytes: int = 0
     _prometheus: object = field(default=None, repr=False)
+    _last_decode_done: Optional[float] = field(default=None, repr=False)
+    _labels: dict = field(default_factory=dict, repr=False)
 
     def enable_prometheus(self, labels: dict[str, str], prefill_sm_percent: int, decode_sm_percent: int) -> None:
         from prometheus_client import Counter, Gauge, Histogram
@@ -51,15 +55,51 @@ class EdgeAccStats:
                 "sglang_edgeacc_decode_running_requests", "Requests the decode side is decoding.", names,
                 multiprocess_mode="mostrecent",
             ).labels(**labels),
+            # The work each side did and the time it took, for what share of the GPU each side
+            # gets: a reader turns tokens and token pairs into FLOPs, context tokens into bytes.
+            "prefill_seconds": Counter(
+                "sglang_edgeacc_prefill_forward_seconds",
+                "Wall time of the prefill side's batches, from taking one to its reply.", names,
+            ).labels(**labels),
+            "prefill_tokens": Counter(
+                "sglang_edgeacc_prefill_tokens", "Prompt tokens the prefill side computed.", names,
+            ).labels(**labels),
+            "prefill_pairs": Counter(
+                "sglang_edgeacc_prefill_attention_pairs",
+                "Query-key pairs of the prefill side's causal attention (each new token against its "
+                "prefix and the new tokens up to it).", names,
+            ).labels(**labels),
+            "decode_steps": Counter(
+                "sglang_edgeacc_decode_steps", "Timed decode steps (each right after another).",
+                names + ["beside_prefill"],
+            ),
+            "decode_seconds": Counter(
+                "sglang_edgeacc_decode_step_seconds", "Time between two consecutive decode results.",
+                names + ["beside_prefill"],
+            ),
+            "decode_requests": Counter(
+                "sglang_edgeacc_decode_step_requests", "Requests in the timed decode steps.",
+                names + ["beside_prefill"],
+            ),
+            "decode_context": Counter(
+                "sglang_edgeacc_decode_context_tokens",
+                "Tokens of KV cache the timed decode steps attended to.", names + ["beside_prefill"],
+            ),
             "sm_percent": Gauge(
                 "sglang_edgeacc_sm_percent", "Configured SM share of each side.", names + ["side"],
                 multiprocess_mode="mostrecent",
             ),
         }
+        self._labels = labels
         self._prometheus["sm_percent"].labels(**labels, side="prefill").set(prefill_sm_percent)
         self._prometheus["sm_percent"].labels(**labels, side="decode").set(decode_sm_percent)
 
-    def record_handoff(self, seconds: float, forward_ms: float, batch_size: int) -> None:
+    @property
+    def enabled(self) -> bool:
+        return self._prometheus is not None
+
+    def record_handoff(self, seconds: float, forward_ms: float, batch_size: int,
+                       tokens: int = 0, attention_pairs: int = 0) -> None:
         self.handoffs += 1
         self.last_handoff_s = seconds
         self.last_prefill_forward_ms = forward_ms
@@ -67,6 +107,25 @@ class EdgeAccStats:
             self._prometheus["handoff"].observe(seconds)
             self._prometheus["batches"].inc()
             self._prometheus["prefill_batch_size"].set(batch_size)
+            self._prometheus["prefill_seconds"].inc(forward_ms / 1e3)
+            self._prometheus["prefill_tokens"].inc(tokens)
+            self._prometheus["prefill_pairs"].inc(attention_pairs)
+
+    def record_decode_step(self, requests: int, context_tokens: int, beside_prefill: bool) -> None:
+        """One decode result processed; timed against the previous one, unless the loop idled in between."""
+        now = time.perf_counter()
+        last, self._last_decode_done = self._last_decode_done, now
+        if not self._prometheus or last is None:
+            return
+        labels = {**self._labels, "beside_prefill": "yes" if beside_prefill else "no"}
+        self._prometheus["decode_steps"].labels(**labels).inc()
+        self._prometheus["decode_seconds"].labels(**labels).inc(now - last)
+        self._prometheus["decode_requests"].labels(**labels).inc(requests)
+        self._prometheus["decode_context"].labels(**labels).inc(context_tokens)
+
+    def decode_idle(self) -> None:
+        """No decode step this iteration: the next one starts a new interval."""
+        self._last_decode_done = None
 
     def record_message(self, nbytes: int) -> None:
         self.last_message_bytes = nbytes

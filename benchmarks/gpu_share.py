@@ -1,0 +1,141 @@
+"""How much of the GPU each EdgeAcc side gets in the real server, from its own work counters.
+
+The decode side counts, with ``--enable-metrics``, the work each side did and the time it took
+(``sglang_edgeacc_prefill_*``, ``sglang_edgeacc_decode_*`` on upstream's ``/metrics``). Scraped
+before and after a workload, they give:
+
+* the prefill side's achieved TFLOP/s while a batch is in its hands (linear layers from the prompt
+  tokens, attention from the causal query-key pairs), and the share of the workload it was busy;
+* the decode side's achieved GB/s per step (every weight once, plus the KV cache of every
+  sequence in the batch), separately for steps that ran beside a prefill batch and alone;
+
+each against the H200's measured ceilings. FLOPs and bytes come from the model's ``config.json``
+(a dense decoder of Qwen3/Llama shape, bf16 weights and KV cache); norms, rotary embeddings,
+sampling and the prefill's one row of logits per request are left out, so both figures are
+slight underestimates of the work done.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+from dataclasses import dataclass
+
+import requests
+
+# Measured on the lent H200: a large bf16 matmul and a device-to-device copy.
+H200_BF16_TFLOPS = 790.0
+H200_COPY_GBPS = 4300.0
+
+PREFILL_COUNTERS = ("prefill_tokens", "prefill_attention_pairs", "prefill_forward_seconds")
+DECODE_COUNTERS = ("decode_steps", "decode_step_seconds", "decode_step_requests", "decode_context_tokens")
+BESIDE = ("yes", "no")
+
+_SAMPLE = re.compile(r"sglang_edgeacc_(\w+)_total(?:\{(.*)\})? (\S+)")
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def parse_counters(text: str) -> dict[str, float]:
+    """EdgeAcc's work counters from a ``/metrics`` page, summed over ranks.
+
+    Decode counters are kept per ``beside_prefill`` value, as ``decode_steps.yes`` and so on.
+    """
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.fullmatch(line)
+        if match is None:
+            continue
+        name, labels, value = match.group(1), dict(_LABEL.findall(match.group(2) or "")), float(match.group(3))
+        if name in PREFILL_COUNTERS:
+            out[name] = out.get(name, 0.0) + value
+        elif name in DECODE_COUNTERS and labels.get("beside_prefill") in BESIDE:
+            key = f"{name}.{labels['beside_prefill']}"
+            out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def scrape(url: str) -> dict[str, float]:
+    return parse_counters(requests.get(f"{url}/metrics", timeout=30).text)
+
+
+@dataclass(frozen=True)
+class ModelCosts:
+    linear_flops_per_token: float  # 2 x the weights of every matmul a token goes through
+    attention_flops_per_pair: float  # QK^T and PV for one query-key pair, all layers and heads
+    weight_bytes: float  # what a decode step reads of the weights (lm_head included)
+    kv_bytes_per_token: float  # what a decode step reads of one cached token
+
+    @classmethod
+    def from_config(cls, config: dict, dtype_bytes: int = 2) -> "ModelCosts":
+        hidden = config["hidden_size"]
+        layers = config["num_hidden_layers"]
+        heads = config["num_attention_heads"]
+        kv_heads = config.get("num_key_value_heads", heads)
+        head_dim = config.get("head_dim") or hidden // heads
+        inter = config["intermediate_size"]
+        vocab = config["vocab_size"]
+        per_layer = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2 + 3 * hidden * inter
+        linear = layers * per_layer
+        return cls(
+            linear_flops_per_token=2.0 * linear,
+            attention_flops_per_pair=4.0 * layers * heads * head_dim,
+            weight_bytes=float(dtype_bytes) * (linear + vocab * hidden),
+            kv_bytes_per_token=float(dtype_bytes) * layers * 2 * kv_heads * head_dim,
+        )
+
+    @classmethod
+    def from_model_dir(cls, model_dir: str | pathlib.Path) -> "ModelCosts":
+        return cls.from_config(json.loads((pathlib.Path(model_dir) / "config.json").read_text()))
+
+
+def shares(before: dict[str, float], after: dict[str, float], costs: ModelCosts, duration_s: float,
+           tflops_ceiling: float = H200_BF16_TFLOPS, gbps_ceiling: float = H200_COPY_GBPS) -> dict:
+    """Each side's achieved rate and busy share over one workload (``after`` minus ``before``)."""
+    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in set(before) | set(after)}
+    out: dict = {}
+    busy_s = delta.get("prefill_forward_seconds", 0.0)
+    if busy_s > 0:
+        flops = (delta.get("prefill_tokens", 0.0) * costs.linear_flops_per_token
+                 + delta.get("prefill_attention_pairs", 0.0) * costs.attention_flops_per_pair)
+        tflops = flops / busy_s / 1e12
+        out["prefill"] = {"busy_share": busy_s / duration_s if duration_s else None,
+                          "tokens": delta.get("prefill_tokens", 0.0),
+                          "tflops": tflops, "of_ceiling": tflops / tflops_ceiling}
+    for beside in BESIDE:
+        steps = delta.get(f"decode_steps.{beside}", 0.0)
+        seconds = delta.get(f"decode_step_seconds.{beside}", 0.0)
+        if steps <= 0 or seconds <= 0:
+            continue
+        context = delta.get(f"decode_context_tokens.{beside}", 0.0)
+        moved = steps * costs.weight_bytes + context * costs.kv_bytes_per_token
+        gbps = moved / seconds / 1e9
+        out[f"decode_beside_prefill_{beside}"] = {
+            "steps": steps, "step_ms": seconds / steps * 1e3,
+            "batch": delta.get(f"decode_step_requests.{beside}", 0.0) / steps,
+            "gbps": gbps, "of_ceiling": gbps / gbps_ceiling,
+        }
+    return out
+
+
+def share_table(arms: dict) -> str:
+    """Markdown rows of each arm's and workload's shares, where the run recorded them."""
+    lines = ["| arm | workload | prefill busy | prefill TFLOP/s (of ceiling) | decode beside prefill: step ms, "
+             "batch, GB/s (of ceiling) | decode alone: step ms, batch, GB/s (of ceiling) |",
+             "|---|---|---:|---:|---|---|"]
+    found = False
+    for arm, entry in arms.items():
+        for workload, result in entry.get("workloads", {}).items():
+            share = result.get("gpu_share") if isinstance(result, dict) else None
+            if not share:
+                continue
+            found = True
+            pre = share.get("prefill")
+            cells = [f"{pre['busy_share']:.0%}" if pre and pre.get("busy_share") is not None else "-",
+                     f"{pre['tflops']:.0f} ({pre['of_ceiling']:.0%})" if pre else "-"]
+            for beside in BESIDE:
+                d = share.get(f"decode_beside_prefill_{beside}")
+                cells.append(f"{d['step_ms']:.1f}, {d['batch']:.0f}, {d['gbps']:.0f} ({d['of_ceiling']:.0%})"
+                             if d else "-")
+            lines.append(f"| {arm} | {workload} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) if found else ""
