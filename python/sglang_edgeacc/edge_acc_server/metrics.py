@@ -23,7 +23,7 @@ class EdgeAccStats:
     last_message_bytes: int = 0
     _prometheus: object = field(default=None, repr=False)
     _last_decode_done: Optional[float] = field(default=None, repr=False)
-    _labels: dict = field(default_factory=dict, repr=False)
+    _decode_series: dict = field(default_factory=dict, repr=False)
 
     def enable_prometheus(self, labels: dict[str, str], prefill_sm_percent: int, decode_sm_percent: int) -> None:
         from prometheus_client import Counter, Gauge, Histogram
@@ -90,7 +90,12 @@ class EdgeAccStats:
                 multiprocess_mode="mostrecent",
             ),
         }
-        self._labels = labels
+        # Resolved once: the decode loop records every step.
+        self._decode_series = {
+            beside: tuple(self._prometheus[name].labels(**labels, beside_prefill="yes" if beside else "no")
+                          for name in ("decode_steps", "decode_seconds", "decode_requests", "decode_context"))
+            for beside in (True, False)
+        }
         self._prometheus["sm_percent"].labels(**labels, side="prefill").set(prefill_sm_percent)
         self._prometheus["sm_percent"].labels(**labels, side="decode").set(decode_sm_percent)
 
@@ -117,11 +122,11 @@ class EdgeAccStats:
         last, self._last_decode_done = self._last_decode_done, now
         if not self._prometheus or last is None:
             return
-        labels = {**self._labels, "beside_prefill": "yes" if beside_prefill else "no"}
-        self._prometheus["decode_steps"].labels(**labels).inc()
-        self._prometheus["decode_seconds"].labels(**labels).inc(now - last)
-        self._prometheus["decode_requests"].labels(**labels).inc(requests)
-        self._prometheus["decode_context"].labels(**labels).inc(context_tokens)
+        steps, seconds, in_step, context = self._decode_series[beside_prefill]
+        steps.inc()
+        seconds.inc(now - last)
+        in_step.inc(requests)
+        context.inc(context_tokens)
 
     def decode_idle(self) -> None:
         """No decode step this iteration: the next one starts a new interval."""
