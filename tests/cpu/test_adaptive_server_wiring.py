@@ -15,6 +15,7 @@ from sglang_edgeacc.edge_acc.adaptive_partitions import build_partitions_or_warn
 from sglang_edgeacc.edge_acc.sm_partition import MPS_PERCENT_VAR, child_env
 from sglang_edgeacc.edge_acc_server.decode_side import DecodeSideScheduler, queued_prompt_tokens
 from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStepTimes
+from sglang_edgeacc.edge_acc_server.metrics import EdgeAccStats
 from sglang_edgeacc.edge_acc_server.prefill_side import runner_gpu
 
 
@@ -42,6 +43,7 @@ class _DecodeSide(DecodeSideScheduler):
 
     def __init__(self):
         self.decode_step_times = DecodeStepTimes(enabled=True)
+        self.edge_acc_stats = EdgeAccStats()
         self.prefill_link = SimpleNamespace(busy=False)
 
     def process_batch_result(self, batch, result):

@@ -17,6 +17,7 @@ import pytest
 
 from sglang_edgeacc.edge_acc_server.decode_side import DecodeSideScheduler
 from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStepTimes
+from sglang_edgeacc.edge_acc_server.metrics import EdgeAccStats
 
 
 class _DecodeBatch:
@@ -58,7 +59,7 @@ class _RecordingDecodeSide(DecodeSideScheduler):
         self.decode_step_times = DecodeStepTimes(enabled=False)
         self.waiting_queue = []
         self.running_batch = SimpleNamespace(batch_size=lambda: 1)
-        self.edge_acc_stats = SimpleNamespace(record_queues=lambda *a: None)
+        self.edge_acc_stats = EdgeAccStats()  # the real one, without Prometheus: it records nothing
         self.last_batch = None
         self._next = 1
 
