@@ -8,6 +8,8 @@ from __future__ import annotations
 import socket
 import time
 
+import requests
+
 # Well over the tiny model's 4096 positions once tokenized (about 4-5 tokens a word).
 TOO_LONG = " ".join(f"token{i}" for i in range(2000))
 
@@ -44,8 +46,6 @@ def empty_prompt_outcome(server, probe_ids: list[int], settle_s: float = 60.0) -
     the request itself, or its scheduler dies (and the launcher with it). ``probe_ids``
     is a valid prompt whose greedy answer is asked for before and after.
     """
-    import requests
-
     def probe():
         try:
             response = requests.post(f"{server.url}/generate", timeout=60, json={

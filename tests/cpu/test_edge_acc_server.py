@@ -213,6 +213,14 @@ def _session_processes(session_id: int) -> list[psutil.Process]:
     return found
 
 
+def _assert_nothing_left(server, within_s: float) -> None:
+    """No live process of the server's session remains within ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while _session_processes(server.proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _session_processes(server.proc.pid), "processes of the server left behind"
+
+
 def test_a_prefill_side_failing_at_start_takes_a_dp_server_down(monkeypatch):
     """One DP rank's prefill side fails at start (as when its port is taken). Upstream's error path
     signals its parent, the decode side; that used to kill the decode side outright and the
@@ -230,10 +238,7 @@ def test_a_prefill_side_failing_at_start_takes_a_dp_server_down(monkeypatch):
         assert "PrefillSideFailed" in log  # ... and its decode side went down through its error path
         # The other rank's prefill side may still be importing sglang when its decode side is killed;
         # it notices at its first own line of code, once its imports are done.
-        deadline = time.monotonic() + 60
-        while _session_processes(server.proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not _session_processes(server.proc.pid), "processes of the server left behind"
+        _assert_nothing_left(server, within_s=60)
         assert time.monotonic() - started < 300
     finally:
         server.stop()
@@ -249,10 +254,7 @@ def test_a_prefill_side_that_exits_before_connecting_fails_the_start_with_its_ex
             server.start(env=edgeacc_faults.server_env(**{edgeacc_faults.EXIT_BEFORE_CONNECT_ENV: "7"}))
         log = server.log_tail(200_000)
         assert "the prefill side exited with code 7 during start" in log, log[-3000:]
-        deadline = time.monotonic() + 30
-        while _session_processes(server.proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not _session_processes(server.proc.pid), "processes of the server left behind"
+        _assert_nothing_left(server, within_s=30)
         assert time.monotonic() - started < 240
     finally:
         server.stop()
@@ -265,55 +267,6 @@ def test_edge_acc_metrics_on_upstream_endpoint(cpu_servers):
     for series in ("sglang_edgeacc_prefill_handoff_seconds", "sglang_edgeacc_prefill_batches",
                    "sglang_edgeacc_decode_running_requests", "sglang_edgeacc_sm_percent"):
         assert series in text, series
-
-
-def _counter(text: str, name: str, **labels: str) -> float:
-    """The sum of a Prometheus counter's samples whose labels include ``labels``."""
-    total = 0.0
-    for line in text.splitlines():
-        match = re.fullmatch(rf"{name}_total(?:{{(.*)}})? (\S+)", line)
-        if match is None:
-            continue
-        found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1) or ""))
-        if all(found.get(k) == v for k, v in labels.items()):
-            total += float(match.group(2))
-    return total
-
-
-def test_edge_acc_work_counters_add_up_for_one_request(cpu_servers):
-    """The counters from which a benchmark computes each side's share of the GPU count the work exactly."""
-    import random
-
-    server = cpu_servers.get("--enable-edge-acc", "--enable-metrics")
-    names = ("prefill_tokens", "prefill_attention_pairs", "prefill_forward_seconds", "decode_steps",
-             "decode_step_requests", "decode_context_tokens", "decode_step_seconds")
-
-    def scrape() -> dict[str, float]:
-        text = requests.get(f"{server.url}/metrics", timeout=30).text
-        return {n: _counter(text, f"sglang_edgeacc_{n}") for n in names}
-
-    prompt = [random.Random(os.getpid()).randrange(5, 400) for _ in range(300)]
-    max_new = 12
-    before = scrape()
-    reply = requests.post(f"{server.url}/generate", timeout=120, json={
-        "input_ids": prompt,
-        "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}}).json()
-    assert len(reply["output_ids"]) == max_new
-    cached = reply["meta_info"].get("cached_tokens", 0)
-    time.sleep(1.0)  # the multiprocess collector reads what the scheduler wrote
-    delta = {n: v - before[n] for n, v in scrape().items()}
-
-    new = len(prompt) - cached
-    assert delta["prefill_tokens"] == new
-    assert delta["prefill_attention_pairs"] == new * cached + new * (new + 1) // 2
-    assert delta["prefill_forward_seconds"] > 0
-    # The first token comes from the prefill side; the first decode step after it is not timed
-    # (the loop idled while the prefill ran), the others are, each attending to its whole sequence.
-    timed = list(range(3, max_new + 1))  # the output token each timed step produced
-    assert delta["decode_steps"] == len(timed)
-    assert delta["decode_step_requests"] == len(timed)
-    assert delta["decode_context_tokens"] == sum(len(prompt) + j - 1 for j in timed)
-    assert delta["decode_step_seconds"] > 0
 
 
 def _random_checkpoint(directory, seed: int) -> str:

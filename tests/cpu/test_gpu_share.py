@@ -1,7 +1,7 @@
 """benchmarks/gpu_share.py: each EdgeAcc side's share of the GPU from the server's work counters.
 
-The arithmetic is checked against Qwen3-8B's published shape, the parser against a real
-EdgeAcc server's ``/metrics`` page after one request of known size.
+The arithmetic is checked against Qwen3-8B's published shape; a real EdgeAcc server's
+counters against one request of known size, read as the benchmark reads them.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from pathlib import Path
 
 import pytest
 import requests
-
-pytestmark = pytest.mark.server
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_share.py"
 
@@ -66,18 +64,38 @@ def test_shares_turn_counter_deltas_into_rates(gpu_share):
     assert "prefill" not in gpu_share.shares(after, after, costs, duration_s=1.0)
 
 
-def test_the_parser_reads_a_real_servers_counters(gpu_share, cpu_servers):
+@pytest.mark.server
+def test_a_real_servers_counters_add_up_for_one_request(gpu_share, cpu_servers):
+    """The counters count one request's work exactly, and the benchmark's reading of them works."""
     server = cpu_servers.get("--enable-edge-acc", "--enable-metrics")
-    prompt = [random.Random(7 + len(__file__)).randrange(5, 400) for _ in range(200)]
+    prompt = [random.Random(7 + len(__file__)).randrange(5, 400) for _ in range(300)]
+    max_new = 12
     before = gpu_share.scrape(server.url)
     reply = requests.post(f"{server.url}/generate", timeout=120, json={
-        "input_ids": prompt, "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}}).json()
-    time.sleep(1.0)
+        "input_ids": prompt,
+        "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}}).json()
+    assert len(reply["output_ids"]) == max_new
+    time.sleep(1.0)  # the multiprocess collector reads what the scheduler wrote
     after = gpu_share.scrape(server.url)
-    new = len(prompt) - reply["meta_info"].get("cached_tokens", 0)
-    assert after["prefill_tokens"] - before.get("prefill_tokens", 0.0) == new
-    steps = sum(after.get(f"decode_steps.{b}", 0.0) - before.get(f"decode_steps.{b}", 0.0) for b in ("yes", "no"))
-    assert steps == 8 - 2  # the first token from the prefill side, the first decode step untimed
+    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in set(before) | set(after)}
+
+    cached = reply["meta_info"].get("cached_tokens", 0)
+    new = len(prompt) - cached
+    assert delta["prefill_tokens"] == new
+    assert delta["prefill_attention_pairs"] == new * cached + new * (new + 1) // 2
+    assert delta["prefill_forward_seconds"] > 0
+    # The first token comes from the prefill side; the first decode step after it is not timed
+    # (the loop idled while the prefill ran), the others are, each attending to its whole sequence.
+    timed = list(range(3, max_new + 1))  # the output token each timed step produced
+
+    def decode(name):
+        return sum(delta.get(f"{name}.{b}", 0.0) for b in ("yes", "no"))
+
+    assert decode("decode_steps") == len(timed)
+    assert decode("decode_step_requests") == len(timed)
+    assert decode("decode_context_tokens") == sum(len(prompt) + j - 1 for j in timed)
+    assert decode("decode_step_seconds") > 0
+
     model = json.loads((Path(server.model_path or _tiny_model()) / "config.json").read_text())
     out = gpu_share.shares(before, after, gpu_share.ModelCosts.from_config(model), duration_s=1.0)
     assert out["prefill"]["tflops"] > 0 and out["prefill"]["tokens"] == new

@@ -226,9 +226,11 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         from sglang.srt.managers.utils import GenerationBatchResult
 
         batch = inflight.batch
-        # Before result processing and the merge change the batch.
-        tokens = batch.extend_num_tokens or 0
-        pairs = sum(e * p + e * (e + 1) // 2 for e, p in zip(batch.extend_lens or (), batch.prefix_lens or ()))
+        # Counted before result processing and the merge change the batch.
+        tokens = pairs = 0
+        if self.edge_acc_stats.enabled:
+            tokens = batch.extend_num_tokens or 0
+            pairs = sum(e * p + e * (e + 1) // 2 for e, p in zip(batch.extend_lens or (), batch.prefix_lens or ()))
         device = self.tp_worker.model_runner.device
         result = GenerationBatchResult(
             logits_output=reply.logits_output,
