@@ -25,7 +25,8 @@ mkdir -p "$WORK/logs"
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
 STEP_LIMIT_S=${STEP_LIMIT_S:-560}
-# Python packages the host image lacks, carried as wheels in .whl/ (upstream's bench_serving imports `datasets`).
+# Python packages the host image lacks, carried as wheels in .whl/ (bench_serving imports `datasets`;
+# --enable-metrics needs prometheus_client).
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/edgeacc-extra-site .whl/*.whl \
     && export PYTHONPATH=/tmp/edgeacc-extra-site:$PYTHONPATH
