@@ -5,8 +5,8 @@
 #
 # A process that ends by itself within the grace period is not a leak: Python's
 # multiprocessing resource tracker, started by any test that uses the "spawn"
-# context, reads EOF when pytest exits and ends a moment after it. Zombies are
-# not counted either: they have exited and only wait for their parent to reap them.
+# context, reads EOF when pytest exits and ends a moment after it. A process that
+# has become a zombie between pgrep and the read of its state is not counted either.
 set -uo pipefail
 
 prefix=$1
@@ -15,9 +15,8 @@ grace_s=${2:-30}
 running() {
     local pid state
     for pid in $(pgrep -f "^$prefix" || true); do
-        [ "$pid" -eq "$$" ] && continue
         state=$(sed -e 's/^.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1)
-        [ -n "$state" ] && [ "$state" != Z ] && [ "$state" != X ] && printf '%s ' "$pid"
+        [ -n "$state" ] && [ "$state" != Z ] && printf '%s ' "$pid"
     done
     return 0
 }
