@@ -33,3 +33,21 @@ def test_server_env_puts_the_faults_first_on_the_path(monkeypatch):
     assert env["PYTHONPATH"].split(os.pathsep) == [folder, "/a", "/b"]
     assert (Path(folder) / "sitecustomize.py").is_file()
     assert env[edgeacc_faults.SKIP_IDLE_SYNC_ENV] == "1"
+
+
+def test_a_server_with_faults_still_runs_the_sitecustomize_it_shadows(tmp_path, monkeypatch):
+    """The GPU host bundle installs its shims from a sitecustomize; the faults' own must not hide it."""
+    import subprocess
+    import sys
+
+    host = tmp_path / "host_site"
+    host.mkdir()
+    marker = tmp_path / "host_site_ran"
+    (host / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    monkeypatch.setenv("PYTHONPATH", str(host))  # as env.sh puts the bundle's site first
+    env = {**os.environ, **edgeacc_faults.server_env()}
+    probe = "import sys; print('edgeacc_faults' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True"  # the faults were installed
+    assert marker.read_text() == "ran"  # and the host's sitecustomize ran too
