@@ -54,6 +54,8 @@ ARMS: dict[str, tuple[tuple[str, ...], bool]] = {
     "upstream-c2048": (("--chunked-prefill-size", "2048"), False),
     "upstream-c4096": (("--chunked-prefill-size", "4096"), False),
     "upstream-c1024": (("--chunked-prefill-size", "1024"), False),
+    # Upstream's own answer to decode stalls: decode requests ride along in every prefill chunk.
+    "upstream-mixed-c2048": (("--enable-mixed-chunk", "--chunked-prefill-size", "2048"), False),
     "edgeacc": (("--enable-edge-acc",), True),
     "edgeacc-p100": (("--enable-edge-acc", "--edge-acc-prefill-sm-percent", "100"), True),
     "edgeacc-p100-normal": (("--enable-edge-acc", "--edge-acc-prefill-sm-percent", "100",

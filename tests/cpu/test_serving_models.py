@@ -49,3 +49,15 @@ def test_the_files_are_the_same_on_every_build(tmp_path):
     a = serving_models.sensitive_tiny_model(tmp_path / "a") / "model.safetensors"
     b = serving_models.sensitive_tiny_model(tmp_path / "b") / "model.safetensors"
     assert a.read_bytes() == b.read_bytes()
+
+
+def test_every_merged_token_of_the_production_tokenizer_streams_as_soon_as_it_is_made():
+    """sglang's detokenizer holds back text that ends inside a UTF-8 character; a benchmark tokenizer whose
+    tokens did that would delay the first streamed text, which is what bench_serving times as TTFT."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_str(serving_models.production_tokenizer_json())
+    assert tokenizer.get_vocab_size() == serving_models.PRODUCTION_TOKENS + len(serving_models.SPECIALS)
+    held = [i for i in range(256, serving_models.PRODUCTION_TOKENS) if tokenizer.decode([i]).endswith("\ufffd")]
+    assert held == []
+    assert tokenizer.decode([300, 301]) == tokenizer.decode([300]) + tokenizer.decode([301])
