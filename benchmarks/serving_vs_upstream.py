@@ -287,10 +287,22 @@ def outputs_table(arms: dict) -> str:
     return "\n".join(lines)
 
 
-def report(paths: list[str]) -> str:
+def merge_runs(runs: list[dict]) -> dict:
+    """The arms of several runs, workload by workload: an arm measured on some workloads in one
+    run and on others in the next keeps both; a later run's result for the same workload wins."""
     arms: dict = {}
-    for path in paths:
-        arms.update(json.loads(pathlib.Path(path).read_text())["arms"])
+    for run in runs:
+        for arm, entry in run["arms"].items():
+            merged = arms.setdefault(arm, {})
+            workloads = {**merged.get("workloads", {}), **entry.get("workloads", {})}
+            for key, value in entry.items():
+                merged.setdefault(key, value)
+            merged["workloads"] = workloads
+    return arms
+
+
+def report(paths: list[str]) -> str:
+    arms = merge_runs([json.loads(pathlib.Path(path).read_text()) for path in paths])
     shares = gpu_share.share_table(arms)
     return ratio_table(arms) + "\n\n" + outputs_table(arms) + ("\n\n" + shares if shares else "")
 

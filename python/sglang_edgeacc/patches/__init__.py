@@ -98,7 +98,8 @@ One row per module of ``PATCH_MODULES`` (a test checks that every row exists).
   BOS, ``""`` in a batch of texts, ``[]`` in a batch of ``input_ids``) passes
   upstream's checks, and its forward has no last position to take logits from:
   alone, it kills the scheduler (the prefill side with EdgeAcc) with an
-  ``IndexError`` in the logits processor and every later request fails; next
+  ``IndexError`` in the logits processor and every later request fails (seen
+  on the CPU platform and on an H200, docs/testing.md); next
   to other prompts, it is answered from another prompt's logits. How: before
   upstream's checks, raises a ``ValueError`` (``EmptyPromptError``) for empty
   token ids outside a session: the kind of error upstream raises for a prompt
