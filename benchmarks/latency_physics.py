@@ -25,6 +25,9 @@ launch overhead a fused SGLang prefill would not: the graphed arms bound that ef
 
 Per arm: decode inter-token latency (time between consecutive decode-step completions)
 P50/P99, and prefill tokens/s. Results go to ``--out`` as latency_physics.json and .md.
+``--kernel-profile-steps N`` also records N decode steps of the decode-only and EdgeAcc arms
+with torch's profiler and splits each step into kernel time and gaps between kernels
+(``kernel_timeline.py``): whether decode beside a prefill runs slower kernels or waits for SMs.
 
     PYTHONPATH=python python3 benchmarks/latency_physics.py --out /tmp/lp       # H200 defaults
     PYTHONPATH=python python3 benchmarks/latency_physics.py --device cpu --shape tiny --seconds 1
@@ -52,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "tests"))  # segment_pool
 
+from kernel_timeline import comparison_lines, profile_steps  # noqa: E402
 from qwen3_shaped import Qwen3Forward, Qwen3Shape, compare_with_transformers, random_weights  # noqa: E402
 from segment_pool import allocate_single_segment, layer_views  # noqa: E402
 
@@ -161,10 +165,14 @@ def timed_decode_steps(decode: DecodeRunner, seconds: float) -> list[float]:
     return itl
 
 
-def run_decode_only(decode: DecodeRunner, seconds: float) -> ArmResult:
+def run_decode_only(decode: DecodeRunner, seconds: float, timelines: Optional[dict] = None,
+                    profile_steps_n: int = 0) -> ArmResult:
     for _ in range(5):
         decode.step()
-    return summarize("decode-only", timed_decode_steps(decode, seconds), 0, seconds, 0)
+    result = summarize("decode-only", timed_decode_steps(decode, seconds), 0, seconds, 0)
+    if timelines is not None and profile_steps_n:
+        timelines[result.arm] = profile_steps(decode.step, profile_steps_n, decode.device.type == "cuda")
+    return result
 
 
 def chunk_cycles(length: int, chunk: Optional[int], packed: bool = False) -> list[list[tuple[int, int]]]:
@@ -293,7 +301,7 @@ def prefill_side_main(conn, bundle_bytes: bytes, shape: Qwen3Shape, prompt_len: 
 
 def run_edgeacc_mps(
     decode: DecodeRunner, shared: dict, shape: Qwen3Shape, prompt_len: int, share: int, seconds: float, device,
-    priority: str = "normal",
+    priority: str = "normal", timelines: Optional[dict] = None, profile_steps_n: int = 0,
 ) -> ArmResult:
     # One export per importing process: torch counts each CUDA export as one consumer reference.
     bundle_bytes = pickle.dumps(export_tensors(shared))
@@ -326,6 +334,10 @@ def run_edgeacc_mps(
             now = time.perf_counter()
             itl.append(now - last)
             last = now
+        timeline = None
+        if timelines is not None and profile_steps_n:
+            # Still beside a saturating prefill: the prefill side runs until told to stop.
+            timeline = profile_steps(decode.step, profile_steps_n, device.type == "cuda")
         parent.send("stop")
         deadline = time.monotonic() + CHILD_TIMEOUT_S
         while True:
@@ -341,7 +353,10 @@ def run_edgeacc_mps(
             proc.kill()
     note = f"prefill side saw {child_sms} SMs; its own allocations {child_alloc / 2**20:.0f} MiB; {handoffs} fenced handoffs"
     suffix = "" if priority == "normal" else "-bn"
-    return summarize(f"edgeacc-mps-{share}{suffix}", itl, tokens, elapsed, prompts, note)
+    result = summarize(f"edgeacc-mps-{share}{suffix}", itl, tokens, elapsed, prompts, note)
+    if timeline is not None:
+        timelines[result.arm] = timeline
+    return result
 
 
 def markdown_table(rows: list[ArmResult], base: ArmResult, whole: Optional[ArmResult]) -> str:
@@ -396,6 +411,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--prefill-priorities", default="normal",
                     help="MPS client priorities of the prefill side to run each share at (normal,below-normal); "
                     "below-normal arms are named edgeacc-mps-P-bn")
+    ap.add_argument("--kernel-profile-steps", type=int, default=0,
+                    help="profile this many decode steps of the decode-only and EdgeAcc arms (kernel time and "
+                    "the gaps between kernels); 0: off")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -436,7 +454,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     pk, pv = layer_views(pool, "pk"), layer_views(pool, "pv")
     prompt = torch.randint(0, shape.vocab, (args.prompt_len,), device=device)
 
-    rows = [run_decode_only(decode, args.seconds)]
+    timelines: dict = {}
+    rows = [run_decode_only(decode, args.seconds, timelines, args.kernel_profile_steps)]
     logger.info("%s", rows[-1])
     rows.append(run_single_process(fwd, decode, pk, pv, prompt, None, args.seconds))
     logger.info("%s", rows[-1])
@@ -453,7 +472,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     shared = {**{f"w.{k}": v for k, v in weights.items()}, **{k: v for k, v in pool.items() if k.startswith("p")}}
     for priority in [p for p in args.prefill_priorities.split(",") if p]:
         for share in [int(x) for x in args.mps_shares.split(",") if x]:
-            rows.append(run_edgeacc_mps(decode, shared, shape, args.prompt_len, share, args.seconds, device, priority))
+            rows.append(run_edgeacc_mps(decode, shared, shape, args.prompt_len, share, args.seconds, device, priority,
+                                        timelines, args.kernel_profile_steps))
             logger.info("%s", rows[-1])
 
     base = rows[0]
@@ -475,10 +495,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         "command": " ".join([sys.executable, *sys.argv]),
     }
     table = markdown_table(rows, base, whole)
-    comps = comparisons(rows)
+    comps = comparisons(rows) + comparison_lines(timelines)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "latency_physics.json").write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=2))
+    result = {"meta": meta, "rows": [asdict(r) for r in rows], "kernel_timelines": timelines}
+    (out / "latency_physics.json").write_text(json.dumps(result, indent=2))
     (out / "latency_physics.md").write_text(
         f"# latency physics ({card})\n\n```\n{json.dumps(meta, indent=2)}\n```\n\n{table}\n\n" + "\n".join(f"- {c}" for c in comps) + "\n"
     )

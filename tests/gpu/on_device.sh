@@ -8,7 +8,8 @@
 #   bench:ARMS[:WORKLOADS]        benchmarks/serving_vs_upstream.py, ARMS/WORKLOADS comma-separated;
 #                                 BENCH_LAYOUT="--tp 2" (say) adds a layout to every arm; BENCH_GPU_SHARE=1 adds
 #                                 --gpu-share (each EdgeAcc side's TFLOP/s and GB/s from its work counters)
-#   mps-priority                  benchmarks/latency_physics.py, prefill side at normal and below-normal priority
+#   mps-priority                  benchmarks/latency_physics.py, prefill side at normal and below-normal priority;
+#                                 KERNEL_PROFILE_STEPS=N adds each arm's decode kernel time and gaps (kernel_timeline.py)
 #   faults[:CASES]                tests/gpu/faults.py (CASES comma-separated, default kill,aborts,pressure,bad,soak;
 #                                 empty-unpatched on request; FAULTS_SOAK_S, default 300)
 #   bg+STEP                       STEP in the background, beside the steps after it (waited for at the end)
@@ -94,7 +95,8 @@ run_one() {  # index, kind, a, b
       run_step "mps_priority$i" "${MPS_PRIORITY_LIMIT_S:-150}" env CUDA_MPS_PIPE_DIRECTORY="$EDGEACC_SUITE_MPS_PIPE" \
         CUDA_MPS_LOG_DIRECTORY="$EDGEACC_SUITE_MPS_LOG" PYTHONPATH=python python3 benchmarks/latency_physics.py \
         --device cuda:0 --chunks 2048 --no-graphed-chunks --mps-shares 80,100 \
-        --prefill-priorities normal,below-normal --seconds 4 --out "$WORK/logs"
+        --prefill-priorities normal,below-normal --seconds 4 --out "$WORK/logs" \
+        ${KERNEL_PROFILE_STEPS:+--kernel-profile-steps "$KERNEL_PROFILE_STEPS"}
       cp "$WORK/logs/latency_physics.json" "$OUT/mps_priority$i.json" 2>/dev/null ;;
     *) echo "unknown step $kind" | tee -a "$SUMMARY" ;;
   esac
