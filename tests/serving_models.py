@@ -93,14 +93,6 @@ def sensitive_tiny_model(out: pathlib.Path | str) -> pathlib.Path:
     return out
 
 
-def _byte_level_char(byte: int) -> str:
-    """The character that the byte-level pre-tokenizer (GPT-2's table) writes for ``byte``."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
-    if byte in printable:
-        return chr(byte)
-    return chr(256 + [b for b in range(256) if b not in printable].index(byte))
-
-
 def production_tokenizer_json(vocab_size: int = PRODUCTION_TOKENS, seed: int = 0) -> str:
     """A byte-level BPE with ``vocab_size`` regular tokens and Qwen-style specials.
 
@@ -118,7 +110,11 @@ def production_tokenizer_json(vocab_size: int = PRODUCTION_TOKENS, seed: int = 0
     for token in alphabet:
         vocab[token] = len(vocab)
     merges: list[tuple[str, str]] = []
-    tokens = [_byte_level_char(b) for b in range(ord(" "), ord("~") + 1)]
+    printable_ascii = "".join(map(chr, range(ord(" "), ord("~") + 1)))
+    # The pre-tokenizer's own byte-to-character table, read for these 95 bytes.
+    [(byte_chars, _)] = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False).pre_tokenize_str(
+        printable_ascii)
+    tokens = list(byte_chars)
     rng = random.Random(seed)
     while len(vocab) < vocab_size:
         left, right = rng.choice(tokens), rng.choice(tokens)
