@@ -248,9 +248,10 @@ def run_concurrent(
     steps so the prefill side gets the GPU in between). The policy is sent step
     durations; the ITL logged is the time between step completions, the wait included.
     ``pace_from="end"``: the step starts so that, if it lasts as long as the recent
-    steps did (a moving average), it ends the pace after the previous one ended. A
-    start-paced ITL is pace + d_k - d_{k-1}; this one is pace + d_k - mean(d), half the
-    variance of the step-to-step difference (run 10).
+    steps did (the median of the last eight), it ends the pace after the previous one
+    ended. A start-paced ITL is pace + d_k - d_{k-1}; this one is pace + d_k - median(d),
+    half the variance of the step-to-step difference. The median, not a mean, so that one
+    stalled step does not pull the next several intervals below the pace.
     """
     if pace_from not in ("start", "end"):
         raise ValueError(f"pace_from must be 'start' or 'end', got {pace_from!r}")
@@ -316,12 +317,12 @@ def run_concurrent(
                 time.sleep(0.0005)
             t0 = t0_box[0]
             last = last_start = time.perf_counter()
-            mean_step = None  # seconds, moving average of the step durations
+            recent_steps: deque = deque(maxlen=8)  # seconds, the last step durations
             while not stop.is_set():
                 pace = decode_pace_ms()
                 if pace > 0:
-                    if pace_from == "end" and mean_step is not None:
-                        due = last + pace / 1e3 - mean_step
+                    if pace_from == "end" and recent_steps:
+                        due = last + pace / 1e3 - sorted(recent_steps)[len(recent_steps) // 2]
                     else:
                         due = last_start + pace / 1e3
                     delay = due - time.perf_counter()
@@ -332,7 +333,7 @@ def run_concurrent(
                 decode_step(batch)
                 now = time.perf_counter()
                 decode_log.append((now - t0, (now - last) * 1e3))
-                mean_step = (now - start) if mean_step is None else 0.9 * mean_step + 0.1 * (now - start)
+                recent_steps.append(now - start)
                 mailbox.append(((now - start) * 1e3, batch))
                 last, last_start = now, start
 
@@ -707,7 +708,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--paced-fixed", default="",
                     help="steady fixed splits with the decode side pacing its steps: comma list of LABEL:MS[:end] "
                          "(e.g. all-lowprio:75), a step starting MS after the previous one started (:end: timed so "
-                         "that it ends MS after the previous one ended, by the mean step time)")
+                         "that it ends MS after the previous one ended, by the median of the last eight step times)")
     ap.add_argument("--overlap-cost", action="store_true",
                     help="also measure each fixed split's prefill alone on its partition and report what a decode "
                          "step costs the prefill side there, and the ceiling that puts on the ratio (run 10)")

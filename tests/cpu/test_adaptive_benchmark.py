@@ -53,7 +53,7 @@ def test_end_paced_arm_keeps_the_pace_and_fixed_arms_get_their_overlap_cost(tmp_
     result = json.loads((tmp_path / "adaptive_split.json").read_text())
     by_arm = {r["arm"]: r for r in result["steady"]}
     paced = by_arm["green-all-lowprio-paceend25"]
-    # Timed from the previous step's end by the mean step: the interval is still the pace.
+    # Timed from the previous step's end by the recent median step: the interval is still the pace.
     assert 25.0 * 0.95 <= paced["decode_p50_ms"] < 25.0 * 1.5
     rows = {v["arm"]: v for v in result["vs_chunked"]}
     for arm in ("green-all-lowprio", "green-all-lowprio-paceend25"):
