@@ -18,11 +18,11 @@ One GPU, the Qwen3-shaped model of ``latency_physics.py`` (random weights), deco
                      measured step times and batch size, ITL SLO X ms, TTFT SLO ~0 (always grow
                      when ITL allows)
   green-L-hp-paceMS  --paced-fixed L:MS: the fixed split L with the decode thread starting a
-                     step no sooner than MS after the previous one started (run 5)
+                     step no sooner than MS after the previous one started
   co-dD[-hp]         --co-decode-sms: a co-partition, decode's graph on a D-SM green context and
-                     prefill on the other SMs (edge_acc.disjoint_green; run 7)
+                     prefill on the other SMs (benchmarks/disjoint_green.py)
   --graphed-prefill  the split arms replay their prefill pieces from CUDA graphs captured on each
-                     partition's own stream, as the chunked-C-graphed arms do (runs 8-9)
+                     partition's own stream, as the chunked-C-graphed arms do
   2proc-S[-hp]       --two-process-arms: EdgeAcc's form, a second process prefills on S (an SM
                      count, all-lowprio, or all) while this one decodes; start an MPS daemon
                      first (benchmarks/adaptive_split_h200.sh) so that both are unlimited MPS
@@ -43,7 +43,7 @@ Per phase and arm: decode P99 against the ITL target (and the steps over it) and
 (prompt arrival to its last piece) against the TTFT target. Targets and rates are derived
 from the steady arms of the same run (``--target-split``) unless given (see --itl-slo-ms;
 with --phase-ref-tok-s too, no steady arm is needed). ``--phased-policies`` names the policy
-arms (drain = the module's default since run 4, ff = run 3's default, ...);
+arms (drain = the module's default, ff = feed-forward without the drain, ...);
 ``--queue-before-choose`` reports the queue before each choice, as the server does.
 ``--settle-seconds S``: the steady adaptive arms first run S seconds from the cold start
 (reported in the note), then ``--seconds`` measured on the split the policy settled on.
@@ -51,7 +51,7 @@ arms (drain = the module's default since run 4, ff = run 3's default, ...);
     OUT=... ONE_ARGS="..." bash benchmarks/adaptive_split_h200.sh              # H200 (docs/benchmarks.md)
     PYTHONPATH=python python3 benchmarks/adaptive_split.py --out $OUT          # one-process arms only
     PYTHONPATH=python python3 benchmarks/adaptive_split.py --dry-run           # CPU, tiny
-    # the phased load only, run 3's definition (docs/benchmarks.md, run4_phased):
+    # the phased load only, as in benchmarks/results/adaptive_h200_run4_phased.json:
     ... --skip-chunked --skip-adaptive-steady --steady-fixed none --queue-before-choose \
         --phased-policies drain,ff --itl-slo-ms 21.87 --ttft-slo-ms 2400 --phase-ref-tok-s 10240
 """
@@ -179,7 +179,7 @@ class Partitions:
 
     def add_prefill_graphs(self, fwd, pk, pv, prompt: torch.Tensor, piece: int) -> None:
         """``--graphed-prefill``: every piece position captured on every partition's own stream (a graph
-        keeps the SMs of the stream it was captured on: run 7), one memory pool for all."""
+        keeps the SMs of the stream it was captured on), one memory pool for all."""
         pool = None
         for i in range(len(self)):
             stream = self.prefill_stream(i)
@@ -238,7 +238,7 @@ def run_concurrent(
     """Decode in a thread, prefill pieces here; returns per-phase results and the (t, partition) trace.
 
     ``load_change_at``: when a phase's decode batch takes effect. ``time``: at the phase
-    boundary, whatever the prefill side is doing (an exogenous jump; run 2). ``piece``: at
+    boundary, whatever the prefill side is doing (an exogenous jump). ``piece``: at
     the first prefill piece (or idle check) after the boundary, as in EdgeAcc, where the
     decode batch grows when the decode side collects a prefill result and it dispatches
     the next prefill batch, with its new load, in the same loop iteration.
@@ -424,7 +424,7 @@ def run_concurrent(
             # Pieces back to back: the rate over whole pieces, from the first one's end to the
             # last one's, as the chunked arms count whole cycles. Counting the pieces that end
             # inside the window instead is off by up to one piece either way (2048 tokens in
-            # 5 s is 2 %), enough to move a point across chunked prefill's steep top (run 11).
+            # 5 s is 2 %), enough to move a point across chunked prefill's steep top.
             rate = sum(n for _, n in ends[1:]) / (ends[-1][0] - ends[0][0])
         else:
             rate = toks / ph.seconds
@@ -577,7 +577,7 @@ def tuned_frontier(curve: list[tuple[float, float]]) -> list[tuple[float, float]
 
 def interp_p99(curve: list[tuple[float, float]], tok_s: float) -> Optional[float]:
     """Tuned chunked prefill's P99 at ``tok_s``: linear interpolation along :func:`tuned_frontier`
-    (as if every chunk size between two measured ones were available; run 11)."""
+    (as if every chunk size between two measured ones were available)."""
     pts = tuned_frontier(curve)
     if not pts or tok_s < pts[0][0] or tok_s > pts[-1][0]:
         return None
@@ -623,7 +623,7 @@ def overlap_cost(arm_tok_s: float, steps_per_s: float, alone_tok_s: float, decod
     the decode steps cost it ``1 - arm/alone`` of the second; per step that is ``d_eff``.
     Chunked prefill pays the whole step (``decode_alone_ms``) for every decode step, so at
     equal prefill throughput near saturation a split's ITL is at best ``d_eff / decode_alone``
-    of chunked prefill's, before the tails of either (docs/benchmarks.md, run 10).
+    of chunked prefill's, before the tails of either (docs/benchmarks-history.md).
     """
     if steps_per_s <= 0 or alone_tok_s <= 0:
         return {"decode_cost_ms": None, "ratio_ceiling": None}
@@ -674,7 +674,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--graphed-chunks", action="store_true", help="also chunked arms replayed from CUDA graphs")
     ap.add_argument("--packed-chunks", action="store_true",
                     help="chunked arms fill every chunk, from the next prompt when one ends (SGLang's chunked prefill "
-                         "under a backlog); matters only for chunks that do not divide --prompt-len (run 11)")
+                         "under a backlog); matters only for chunks that do not divide --prompt-len")
     ap.add_argument("--graphed-only", action="store_true", help="only the graphed chunked arms (saves device time)")
     ap.add_argument("--sm-counts", default="", help="prefill partitions (default: 5 from 1/4 to 7/8 of the SMs)")
     ap.add_argument("--whole-gpu-top", action="store_true",
@@ -689,29 +689,30 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="also run the phased load with the feedback-only policy (feed_forward=False)")
     ap.add_argument("--load-change-at", choices=("piece", "time"), default="piece",
                     help="phased load: a phase's decode batch takes effect at the next prefill piece (EdgeAcc: the "
-                         "decode side sends its new load with the batch) or at the boundary itself (run 2)")
+                         "decode side sends its new load with the batch) or at the boundary itself")
     ap.add_argument("--also-exogenous", action="store_true",
                     help="also run the adaptive policy with --load-change-at time (the load jumps mid-piece)")
     ap.add_argument("--grow-on-arrivals", action="store_true",
                     help="the policy's opt-in arrival-rate rule (AdaptiveSplitConfig.grow_on_arrivals) in the adaptive "
-                         "arms; run3_arrivals measured it when it was still the default")
+                         "arms (the default before the backlog drain)")
     ap.add_argument("--steady-fixed", default="",
                     help="labels of the fixed splits run under the steady load (default all; keep --target-split)")
     ap.add_argument("--steady-policy", choices=("default", "drain", "ff"), default="default",
                     help="policy of the steady adaptive arms: the module's defaults, drain_backlog on, or off")
     ap.add_argument("--phased-policies", default="",
                     help="comma list of phased policy arms, replacing the flags above: drain, drain-rep (a "
-                         "second run of it), ff (feed-forward, no drain, no arrival rule: run 3's default), "
-                         "arrivals (run 3's unguarded arrival rule), feedback (run 2's), drain-load-at-time")
+                         "second run of it), ff (feed-forward, no drain, no arrival rule), "
+                         "arrivals (feed-forward with the unguarded arrival rule), feedback (feed_forward=False), "
+                         "drain-load-at-time")
     ap.add_argument("--queue-before-choose", action="store_true",
-                    help="report the queue to the policy before each choice, as the server does (run 4)")
+                    help="report the queue to the policy before each choice, as the server does")
     ap.add_argument("--paced-fixed", default="",
                     help="steady fixed splits with the decode side pacing its steps: comma list of LABEL:MS[:end] "
                          "(e.g. all-lowprio:75), a step starting MS after the previous one started (:end: timed so "
                          "that it ends MS after the previous one ended, by the median of the last eight step times)")
     ap.add_argument("--overlap-cost", action="store_true",
                     help="also measure each fixed split's prefill alone on its partition and report what a decode "
-                         "step costs the prefill side there, and the ceiling that puts on the ratio (run 10)")
+                         "step costs the prefill side there, and the ceiling that puts on the ratio")
     ap.add_argument("--co-decode-sms", default="",
                     help="co-partitions (label co-dD) after the others: decode confined to D SMs, prefill to the "
                          "rest, disjoint green contexts from one split; each also gets a decode-only and a "
@@ -733,8 +734,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--itl-slo-ms", type=float, default=0.0, help="phased ITL target (0: 1.05 x the target split's steady P99)")
     ap.add_argument("--ttft-slo-ms", type=float, default=0.0, help="phased TTFT target (0: 3x one prompt at the target split)")
     ap.add_argument("--phase-ref-tok-s", type=float, default=0.0,
-                    help="prefill tok/s the phased rates derive from (0: the target split's steady arm; run 4 found "
-                         "that arm 20%% slow when it runs first, without the chunked arms before it)")
+                    help="prefill tok/s the phased rates derive from (0: the target split's steady arm, which runs about "
+                         "20%% slow when it runs first, without the chunked arms before it)")
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shape, short arms: checks the script, measures nothing")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args(argv)

@@ -63,9 +63,9 @@ def test_a_message_without_a_load_keeps_the_feedback_rule():
 
 
 def test_a_backlog_in_the_message_drains_on_the_largest_split_predicted_within_the_itl_slo():
-    """Run 4's rule (drain_backlog, the default): a queue that predicts a TTFT above half its SLO
-    (but not above it) moves the batch to the largest split predicted to hold the ITL SLO; run 3's
-    rule (drain_backlog=False) waits until the TTFT SLO itself is broken."""
+    """The drain rule (drain_backlog, the default): a queue that predicts a TTFT above half its SLO
+    (but not above it) moves the batch to the largest split predicted to hold the ITL SLO; without
+    it (drain_backlog=False) the policy waits until the TTFT SLO itself is broken."""
     plant = {64: [16.7, 18.1, 20.6, 23.2, 27.0], 32: [13.8, 14.3, 15.9, 18.0, 20.4]}
 
     def run(drain: bool) -> list[str]:

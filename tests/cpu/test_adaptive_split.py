@@ -152,7 +152,7 @@ def test_default_sm_counts_on_an_h200():
 
 # --- feed-forward on the decode load
 
-# Decode P99 (ms) per decode batch and split, shaped like the H200 run 2 (batch 64 / 32;
+# Decode P99 (ms) per decode batch and split, shaped like benchmarks/results/adaptive_h200_run2.json (batch 64 / 32;
 # splits 32, 48, 72, 96, 112 SMs). ITL SLO 21.58 ms: at batch 64 only splits 0..2 hold it,
 # at batch 32 all five do.
 PLANT = {64: [16.7, 18.1, 20.6, 23.2, 27.0], 32: [13.8, 14.3, 15.9, 18.0, 20.4]}
@@ -307,7 +307,7 @@ def test_decode_load_is_bucketed_by_doubling_and_checked():
         make_ff().observe_decode_load(-1)
 
 
-# --- growing on the arrival rate (the burst's backlog, calm-2's TTFT miss in runs 2 and 3)
+# --- growing on the arrival rate (without it the burst's backlog misses calm-2's TTFT)
 
 SERVICE_TOK_S = [4900.0, 7400.0, 10200.0, 11900.0, 13500.0]  # prefill tokens/s per split at batch 32
 
@@ -342,7 +342,7 @@ class _SimClock:
 
 
 def make_timed(feed_forward: bool, start: int) -> AdaptiveSplitPolicy:
-    """``feed_forward`` False: the run-2 policy; True: feed-forward with run 3's opt-in arrival rule (no drain)."""
+    """``feed_forward`` False: feedback only; True: feed-forward with the opt-in arrival rule (no drain)."""
     cfg = AdaptiveSplitConfig(itl_slo_ms=SLO, ttft_slo_ms=2400.0, window=64, min_decode_samples=8,
                               feed_forward=feed_forward, grow_on_arrivals=feed_forward, drain_backlog=False)
     return AdaptiveSplitPolicy(cfg, 5, initial_index=start, clock=_SimClock().now)
@@ -394,11 +394,12 @@ def test_the_unguarded_arrival_rule_is_off_and_the_drain_on_by_default():
     assert any(h.reason.startswith("drain: arrivals") for h in default.history)
 
 
-# --- the ITL-guarded backlog drain (run 4): the phased load of docs/benchmarks-history.md, simulated
+# --- the ITL-guarded backlog drain: the phased load of docs/benchmarks-history.md, simulated
 
-SMS = [32, 48, 72, 96, 112, 128, 132]  # the H200 run-3 partitions; 132 is the all-lowprio top
-# Decode P99 (ms) per decode batch and split, shaped like run 3's H200 measurements (steady
-# batch 64; batch 32 from the phased burst), and prefill tokens/s per split.
+SMS = [32, 48, 72, 96, 112, 128, 132]  # the H200 partitions measured; 132 is the all-lowprio top
+# Decode P99 (ms) per decode batch and split, shaped like the H200 measurements in
+# benchmarks/results/adaptive_h200_run3_*.json (steady batch 64; batch 32 from the phased burst),
+# and prefill tokens/s per split.
 PHASED_PLANT = {64: [17.1, 18.4, 20.9, 23.3, 27.5, 37.7, 52.6], 32: [14.5, 15.0, 17.5, 18.7, 20.6, 31.0, 43.0]}
 PHASED_SERVICE = {
     64: [4915, 7373, 10240, 11878, 13517, 15565, 18022],
@@ -455,10 +456,10 @@ def phased_run(cfg_kw: dict, phase_s=5.0, calm_rate=0.438, burst_rate=1.625):
 
 def test_the_drain_meets_calm2_ttft_without_entering_a_split_that_breaches():
     ttft_new, over_new, new = phased_run({"drain_backlog": True})
-    ttft_old, over_old, old = phased_run({"drain_backlog": False})  # run 3's default: feed-forward, no arrival rule
-    ttft_arr, over_arr, arr = phased_run({"drain_backlog": False, "grow_on_arrivals": True})  # run 3's arrival rule
+    ttft_old, over_old, old = phased_run({"drain_backlog": False})  # feed-forward, no drain or arrival rule
+    ttft_arr, over_arr, arr = phased_run({"drain_backlog": False, "grow_on_arrivals": True})  # unguarded arrivals
     assert over_new == [0, 0, 0]  # not one decode step at a split over the ITL SLO
-    assert ttft_new <= 2400 < ttft_old  # run 3's default leaves the burst's backlog to calm-2
+    assert ttft_new <= 2400 < ttft_old  # without the drain the burst's backlog spills into calm-2
     assert sum(over_arr) > 0  # the unguarded arrival rule grows into a split that breaches
     burst = [h.index for h in new.history if 5.0 <= h.t < 10.0]
     assert max(burst) == SMS.index(112)  # 128 SMs (31 ms at batch 32) is predicted over the SLO, never tried
@@ -519,7 +520,7 @@ def test_sm_counts_are_checked():
 
 
 def steady_drain(slo_ms: float, unconfined_top: bool, decisions: int = 120) -> list[int]:
-    """A saturating prompt queue at decode batch 64 on run 3's measured plant; the splits chosen."""
+    """A saturating prompt queue at decode batch 64 on the measured plant above; the splits chosen."""
     cfg = AdaptiveSplitConfig(itl_slo_ms=slo_ms, ttft_slo_ms=1.0, drain_backlog=True)
     p = AdaptiveSplitPolicy(cfg, len(SMS), initial_index=0, clock=_SimClock().now, sm_counts=SMS, total_sms=132,
                             unconfined_top=unconfined_top)
