@@ -694,7 +694,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="also run the adaptive policy with --load-change-at time (the load jumps mid-piece)")
     ap.add_argument("--grow-on-arrivals", action="store_true",
                     help="the policy's opt-in arrival-rate rule (AdaptiveSplitConfig.grow_on_arrivals) in the adaptive "
-                         "arms (the default before the backlog drain)")
+                         "arms (off by default: unguarded, it grows into splits that break the ITL SLO)")
     ap.add_argument("--steady-fixed", default="",
                     help="labels of the fixed splits run under the steady load (default all; keep --target-split)")
     ap.add_argument("--steady-policy", choices=("default", "drain", "ff"), default="default",
