@@ -67,6 +67,8 @@ ARMS: dict[str, tuple[tuple[str, ...], bool]] = {
     "edgeacc-p60": (("--enable-edge-acc", "--edge-acc-prefill-sm-percent", "60"), True),
     "edgeacc-none": (("--enable-edge-acc", "--edge-acc-sm-partition", "none"), False),
     "edgeacc-adaptive": (("--enable-edge-acc", "--edge-acc-sm-partition", "adaptive"), True),
+    # What the prefill side's CUDA graphs buy, against the memory their pool holds.
+    "edgeacc-eager-prefill": (("--enable-edge-acc", "--cuda-graph-backend-prefill", "disabled"), True),
 }
 
 
@@ -192,7 +194,13 @@ def server_memory(server: SglangServer) -> dict[str, int]:
 
 def run_arm(arm: str, platform: str, model: str, dummy: bool, workloads: dict[str, Workload],
             log_dir: pathlib.Path, fingerprint_vocab: int, layout: tuple[str, ...] = (),
-            counters: bool = False) -> dict:
+            counters: bool = False, on_measured=None) -> dict:
+    """One arm: start its server, fingerprint it, run the workloads, stop it.
+
+    ``on_measured(entry)`` is called once the measurements are in, before the server
+    stops: stopping can take a while, and a step cut off by its time limit then still
+    keeps what it measured.
+    """
     from server_suite import fingerprint  # tests/gpu/server_suite.py
 
     flags, uses_mps = ARMS[arm]
@@ -215,6 +223,9 @@ def run_arm(arm: str, platform: str, model: str, dummy: bool, workloads: dict[st
         entry["gpu_mib"] = server_memory(server)
         entry["workloads"] = run_workloads(server, model, workloads, log_dir,
                                            counters=counters and "--enable-edge-acc" in flags)
+        entry["gpu_mib_after_load"] = server_memory(server)
+        if on_measured is not None:
+            on_measured(entry)
         for name, r in entry["workloads"].items():
             print(f"[bench] {arm}/{name}: {json.dumps(r)[:300]}", flush=True)
     except Exception as exc:  # noqa: BLE001 - recorded, the next arm still runs
@@ -345,10 +356,14 @@ def main(argv=None) -> int:
         model, dummy, vocab = str(serving_models.qwen3_8b_shaped_model(workdir / "qwen3-8b")), True, 151000
     results = {"platform": args.platform, "model": model, "common_args": list(COMMON_ARGS),
                "layout": args.layout, "arms": {}}
-    for arm in args.arms.split(","):
-        results["arms"][arm] = run_arm(arm, args.platform, model, dummy, workloads, log_dir, vocab,
-                                       layout=tuple(args.layout.split()), counters=args.gpu_share)
+    def save(arm: str, entry: dict) -> None:
+        results["arms"][arm] = entry
         out.write_text(json.dumps(results, indent=1))
+
+    for arm in args.arms.split(","):
+        save(arm, run_arm(arm, args.platform, model, dummy, workloads, log_dir, vocab,
+                          layout=tuple(args.layout.split()), counters=args.gpu_share,
+                          on_measured=lambda entry, arm=arm: save(arm, entry)))
     print(ratio_table(results["arms"]))
     print(outputs_table(results["arms"]))
     print(gpu_share.share_table(results["arms"]))

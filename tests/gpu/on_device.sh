@@ -10,6 +10,8 @@
 #                                 --gpu-share (each EdgeAcc side's TFLOP/s and GB/s from its work counters)
 #   mps-priority                  benchmarks/latency_physics.py, prefill side at normal and below-normal priority;
 #                                 KERNEL_PROFILE_STEPS=N adds each arm's decode kernel time and gaps (kernel_timeline.py)
+#   context-memory                benchmarks/context_memory.py, a plain process and an MPS client: what a process's
+#                                 CUDA context costs before it allocates anything
 #   faults[:CASES]                tests/gpu/faults.py (CASES comma-separated, default kill,aborts,pressure,bad,soak;
 #                                 empty-unpatched on request; FAULTS_SOAK_S, default 300)
 #   bg+STEP                       STEP in the background, beside the steps after it (waited for at the end)
@@ -98,6 +100,11 @@ run_one() {  # index, kind, a, b
         --prefill-priorities normal,below-normal --seconds 4 --out "$WORK/logs" \
         ${KERNEL_PROFILE_STEPS:+--kernel-profile-steps "$KERNEL_PROFILE_STEPS"}
       cp "$WORK/logs/latency_physics.json" "$OUT/mps_priority$i.json" 2>/dev/null ;;
+    context-memory)
+      run_step "context_memory${i}_plain" 120 python3 benchmarks/context_memory.py --out "$OUT/context_memory${i}_plain.json"
+      run_step "context_memory${i}_mps" 120 env CUDA_MPS_PIPE_DIRECTORY="$EDGEACC_SUITE_MPS_PIPE" \
+        CUDA_MPS_LOG_DIRECTORY="$EDGEACC_SUITE_MPS_LOG" python3 benchmarks/context_memory.py \
+        --out "$OUT/context_memory${i}_mps.json" ;;
     *) echo "unknown step $kind" | tee -a "$SUMMARY" ;;
   esac
 }

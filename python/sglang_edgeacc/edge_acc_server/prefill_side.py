@@ -94,6 +94,7 @@ class PrefillSideScheduler(EdgeAccSchedulerBase):
         self._edge_read_fence: ReadFence | None = None
         self._edge_green_stream = None
         self._edge_split: AdaptiveSplit | None = None
+        self._edge_graph_bytes = 0
         self._edge_prefill_connect()
         super().__init__(server_args, port_args, *args, **kwargs)
 
@@ -109,7 +110,11 @@ class PrefillSideScheduler(EdgeAccSchedulerBase):
 
     def init_all_cuda_graphs(self):
         skip_unused_graph_phase(roles.PREFILL, self._edge_log_prefix())
+        # Cached blocks are released on both sides of the capture, so the
+        # difference is what the captured graphs hold.
+        before = release_cached_blocks()
         super().init_all_cuda_graphs()
+        self._edge_graph_bytes = max(0, release_cached_blocks() - before)
 
     def init_model_worker(self):
         super().init_model_worker()
@@ -180,6 +185,7 @@ class PrefillSideScheduler(EdgeAccSchedulerBase):
         local = self._edge_prefill_local_objects()
         shared = self._edge_shared
         decode_pid = shared.decode_pid
+        log_own_memory(self._edge_log_prefix(), self._edge_graph_bytes)
         self._edge_channel.send(PrefillReady(pid=os.getpid(), mapped_bytes=shared.mapped_bytes))
         logger.info("%s ready", self._edge_log_prefix())
         peer_alive = lambda: _decode_side_alive(decode_pid)  # noqa: E731
@@ -292,6 +298,32 @@ class PrefillSideScheduler(EdgeAccSchedulerBase):
             logits_output=host_logits_output(logits_output, batch.return_logprob, batch.return_hidden_states),
             forward_ms=0.0,
         )
+
+
+def release_cached_blocks() -> int:
+    """Give back the blocks this side's allocator caches unused; returns the bytes it still reserves.
+
+    Called at start-up only, so that what the side reports is what it holds, not
+    what start-up left cached; a later batch that needs more allocates again.
+    """
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return 0
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_reserved()
+
+
+def log_own_memory(log_prefix: str, graph_bytes: int) -> None:
+    """Operators see a few GB for a process that maps its weights and KV cache; say where they are.
+
+    What the driver reports beyond the allocator is the process's CUDA context and the
+    libraries it loaded (docs/benchmarks.md measures both).
+    """
+    reserved = release_cached_blocks()
+    if reserved:
+        gib = 2**30
+        logger.info("%s GPU memory of its own: %.2f GiB in its allocator (%.2f GiB in live tensors), of which "
+                    "%.2f GiB prefill CUDA graphs; weights and KV cache are the decode side's",
+                    log_prefix, reserved / gib, torch.cuda.memory_allocated() / gib, graph_bytes / gib)
 
 
 def runner_gpu(runner) -> torch.device:
