@@ -13,8 +13,8 @@ next to what torch's allocator reserves:
 
     python3 benchmarks/context_memory.py [--out FILE]
 
-Run it with and without ``CUDA_MPS_PIPE_DIRECTORY`` pointing at a running MPS daemon: the
-context of an MPS client is not the context of a plain process.
+``on_device.sh context-memory`` runs it twice, the second time with ``CUDA_MPS_PIPE_DIRECTORY``
+pointing at its MPS daemon, since EdgeAcc's sides are MPS clients.
 """
 
 from __future__ import annotations
@@ -22,19 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
+import pathlib
 import sys
 import time
 
-
-def driver_mib(pid: int) -> int | None:
-    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, timeout=30).stdout
-    for line in out.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 2 and parts[0] == str(pid) and parts[1].isdigit():
-            return int(parts[1])
-    return None
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+from harness import gpu_memory_by_pid  # noqa: E402
 
 
 def stage(name: str, rows: list) -> None:
@@ -42,7 +35,7 @@ def stage(name: str, rows: list) -> None:
 
     torch.cuda.synchronize()
     time.sleep(0.5)  # the driver's per-process figure lags a little
-    rows.append({"stage": name, "driver_mib": driver_mib(os.getpid()),
+    rows.append({"stage": name, "driver_mib": gpu_memory_by_pid().get(os.getpid()),
                  "allocator_reserved_mib": round(torch.cuda.memory_reserved() / 2**20, 1)})
     print(json.dumps(rows[-1]), flush=True)
 
