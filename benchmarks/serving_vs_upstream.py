@@ -57,6 +57,8 @@ ARMS: dict[str, tuple[tuple[str, ...], bool]] = {
     # Upstream's own answer to decode stalls: decode requests ride along in every prefill chunk.
     "upstream-mixed-c2048": (("--enable-mixed-chunk", "--chunked-prefill-size", "2048"), False),
     "edgeacc": (("--enable-edge-acc",), True),
+    # The default without decode pacing: decode steps back to back while prompts wait.
+    "edgeacc-nopace": (("--enable-edge-acc", "--edge-acc-decode-pacing", "off"), True),
     "edgeacc-p100": (("--enable-edge-acc", "--edge-acc-prefill-sm-percent", "100"), True),
     "edgeacc-p100-normal": (("--enable-edge-acc", "--edge-acc-prefill-sm-percent", "100",
                              "--edge-acc-prefill-mps-priority", "normal"), True),
@@ -79,6 +81,8 @@ class Workload:
     output_len: int
     concurrency: int | None = None  # None: all at once (closed loop at the rate)
     rate: float | None = None  # requests/s, Poisson; None: as fast as the concurrency allows
+    # Random lengths: each prompt and output uniform in [len * range_ratio, len] (bench_serving's rule).
+    range_ratio: float = 1.0
 
 
 WORKLOADS: dict[str, Workload] = {
@@ -90,8 +94,19 @@ WORKLOADS: dict[str, Workload] = {
     "open_4": Workload(64, 2048, 128, rate=4.0),
     "open_8": Workload(64, 2048, 128, rate=8.0),
     "open_16": Workload(64, 2048, 128, rate=16.0),
+    # Steady state: many more requests than the concurrency, so requests finish and new ones start
+    # all the time; prompts 1024-3072 tokens, outputs 128-384.
+    "steady": Workload(384, 3072, 384, concurrency=128, range_ratio=1 / 3),
+    # Poisson arrivals with the same random lengths: the sweep the goodput search reads.
+    **{f"poisson_{rate}": Workload(96, 3072, 384, rate=float(rate), range_ratio=1 / 3) for rate in (4, 8, 12, 16)},
 }
-DRY_WORKLOADS = {name: Workload(4, 64, 8, concurrency=w.concurrency and 2, rate=w.rate) for name, w in WORKLOADS.items()}
+# A request meets the SLO when its first token comes within max(1 s, 1 ms per prompt token) and no
+# gap between its tokens exceeds 100 ms; the tight SLO asks for the first token within 300 ms.
+SLO_GAP_MS = 100.0
+TIGHT_TTFT_MS = 300.0
+GOODPUT_ATTAINMENT = 0.9
+DRY_WORKLOADS = {name: Workload(4, 64, 8, concurrency=w.concurrency and 2, rate=w.rate, range_ratio=w.range_ratio)
+                 for name, w in WORKLOADS.items()}
 
 def workload_seed(name: str) -> int:
     """The same prompts for a workload on every arm, different prompts for different workloads."""
@@ -112,7 +127,7 @@ def bench_argv(url: str, model: str, w: Workload, out_file: str, seed: int) -> l
         "--backend", "sglang", "--base-url", url,
         "--model", model, "--tokenizer", model, "--dataset-name", "random-ids", "--tokenize-prompt",
         "--random-input-len", str(w.input_len), "--random-output-len", str(w.output_len),
-        "--random-range-ratio", "1.0", "--num-prompts", str(w.prompts), "--seed", str(seed),
+        "--random-range-ratio", f"{w.range_ratio:.6f}", "--num-prompts", str(w.prompts), "--seed", str(seed),
         "--output-file", out_file, "--output-details", "--disable-tqdm",
     ]
     argv += ["--request-rate", str(w.rate if w.rate else "inf")]
@@ -167,6 +182,7 @@ def run_workloads(server: SglangServer, model: str, workloads: dict[str, Workloa
         picked = {k: result.get(k) for k in (*METRICS, "completed", "duration", "total_output_tokens")}
         gaps = [g for itls in result.get("itls") or [] for g in (itls or [])]
         picked["max_itl_ms"] = max(gaps) * 1000 if gaps else None
+        picked.update(slo_attainment(result))
         picked["errors"] = sum(1 for e in result.get("errors") or [] if e)
         counter_file = pathlib.Path(files[name] + ".counters.json")
         if counters and counter_file.exists() and picked.get("duration"):
@@ -176,6 +192,30 @@ def run_workloads(server: SglangServer, model: str, workloads: dict[str, Workloa
         results[name] = picked
     print(f"[bench] workloads took {time.monotonic() - started:.0f} s", flush=True)
     return results
+
+
+def slo_attainment(result: dict) -> dict:
+    """TTFT p90 and the share of requests that meet the SLO and the tight SLO, from bench_serving's details."""
+    ttfts, itls, lens = result.get("ttfts") or [], result.get("itls") or [], result.get("input_lens") or []
+    if not ttfts:
+        return {}
+    met = tight = 0
+    for ttft, gaps, prompt_len in zip(ttfts, itls, lens):
+        ttft_ms, worst_gap_ms = ttft * 1000, max(gaps or [0.0]) * 1000
+        if ttft <= 0 or worst_gap_ms > SLO_GAP_MS:
+            continue  # a failed request has no first token
+        met += ttft_ms <= max(1000.0, float(prompt_len))
+        tight += ttft_ms <= TIGHT_TTFT_MS
+    ordered = sorted(t for t in ttfts if t > 0)
+    p90 = ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))] * 1000 if ordered else None
+    return {"p90_ttft_ms": p90, "slo_attainment": met / len(ttfts), "tight_slo_attainment": tight / len(ttfts)}
+
+
+def goodput_rate(arm: dict, key: str = "slo_attainment") -> float | None:
+    """The highest Poisson rate of the sweep at which at least 90 % of requests met the SLO (None: none did)."""
+    rates = [WORKLOADS[w].rate for w, r in arm.get("workloads", {}).items()
+             if w.startswith("poisson_") and (r.get(key) or 0) >= GOODPUT_ATTAINMENT]
+    return max(rates) if rates else None
 
 
 def server_memory(server: SglangServer) -> dict[str, int]:
@@ -312,10 +352,28 @@ def merge_runs(runs: list[dict]) -> dict:
     return arms
 
 
+def slo_table(arms: dict) -> str:
+    """Per workload and arm: TTFT p90 and SLO attainment; then each arm's goodput rate over the Poisson sweep."""
+    lines = ["| workload | arm | TTFT p90 ms | SLO met | tight SLO met |", "|---|---|---:|---:|---:|"]
+    for w in WORKLOADS:
+        for arm, entry in arms.items():
+            r = entry.get("workloads", {}).get(w)
+            if r and r.get("slo_attainment") is not None:
+                p90 = f"{r['p90_ttft_ms']:.0f}" if r.get("p90_ttft_ms") is not None else "-"
+                lines.append(f"| {w} | {arm} | {p90} | {r['slo_attainment']:.0%} "
+                             f"| {r['tight_slo_attainment']:.0%} |")
+    lines += ["", "| arm | goodput rate (SLO) | goodput rate (tight SLO) |", "|---|---:|---:|"]
+    for arm, entry in arms.items():
+        if any(w.startswith("poisson_") for w in entry.get("workloads", {})):
+            lines.append(f"| {arm} | {goodput_rate(entry)} | {goodput_rate(entry, 'tight_slo_attainment')} |")
+    return "\n".join(lines)
+
+
 def report(paths: list[str]) -> str:
     arms = merge_runs([json.loads(pathlib.Path(path).read_text()) for path in paths])
     shares = gpu_share.share_table(arms)
-    return ratio_table(arms) + "\n\n" + outputs_table(arms) + ("\n\n" + shares if shares else "")
+    return (ratio_table(arms) + "\n\n" + slo_table(arms) + "\n\n" + outputs_table(arms)
+            + ("\n\n" + shares if shares else ""))
 
 
 def main(argv=None) -> int:
@@ -365,6 +423,7 @@ def main(argv=None) -> int:
                           layout=tuple(args.layout.split()), counters=args.gpu_share,
                           on_measured=lambda entry, arm=arm: save(arm, entry)))
     print(ratio_table(results["arms"]))
+    print(slo_table(results["arms"]))
     print(outputs_table(results["arms"]))
     print(gpu_share.share_table(results["arms"]))
     return 0 if all("error" not in e for e in results["arms"].values()) else 1

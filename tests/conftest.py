@@ -43,25 +43,30 @@ class ServerPool:
     MAX_ALIVE = 2
 
     def __init__(self):
-        self._servers: dict[tuple[str, ...], CpuServer] = {}
+        self._servers: dict[tuple, CpuServer] = {}
 
-    def get(self, *args: str) -> CpuServer:
-        if args in self._servers:
-            self._servers[args] = self._servers.pop(args)  # most recently used last
-            return self._servers[args]
+    def get(self, *args: str, env: dict[str, str] | None = None) -> CpuServer:
+        """The server of ``args`` (launched with ``env`` added to its environment)."""
+        key = (args, tuple(sorted((env or {}).items())))
+        if key in self._servers:
+            self._servers[key] = self._servers.pop(key)  # most recently used last
+            return self._servers[key]
         while len(self._servers) >= self.MAX_ALIVE:
-            self.release(*next(iter(self._servers)))
-        self._servers[args] = CpuServer(args=args).start()
-        return self._servers[args]
+            self._release_key(next(iter(self._servers)))
+        self._servers[key] = CpuServer(args=args).start(env=env)
+        return self._servers[key]
 
-    def release(self, *args: str) -> None:
-        server = self._servers.pop(args, None)
+    def release(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self._release_key((args, tuple(sorted((env or {}).items()))))
+
+    def _release_key(self, key) -> None:
+        server = self._servers.pop(key, None)
         if server is not None:
             server.stop()
 
     def stop_all(self) -> None:
-        for args in list(self._servers):
-            self.release(*args)
+        for key in list(self._servers):
+            self._release_key(key)
 
 
 @pytest.fixture(scope="session")

@@ -27,6 +27,7 @@ class EdgeAccFlags:
     edge_acc_prefill_mps_priority: str = "below-normal"
     edge_acc_skip_preflight: bool = False
     edge_acc_itl_slo_ms: float = 50.0
+    edge_acc_decode_pacing: str = "off"
     edge_acc_ttft_slo_ms: float = 2000.0
 
     @classmethod
@@ -78,7 +79,17 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=EdgeAccFlags.edge_acc_itl_slo_ms,
         metavar="MS",
-        help="Adaptive split: decode-step (inter-token latency) P99 target.",
+        help="Inter-token latency target. While prompts wait for the prefill side, decode steps are "
+        "spaced to 0.8 of it so that the prefill side has the whole GPU in between "
+        "(--edge-acc-decode-pacing); the adaptive split also reads it.",
+    )
+    group.add_argument(
+        "--edge-acc-decode-pacing",
+        choices=("on", "off"),
+        default=EdgeAccFlags.edge_acc_decode_pacing,
+        help="on: while prompts wait for the prefill side, a decode step that has slack against "
+        "--edge-acc-itl-slo-ms waits, and the prefill side runs alone in the gap; off: decode steps "
+        "always run back to back.",
     )
     group.add_argument(
         "--edge-acc-ttft-slo-ms",

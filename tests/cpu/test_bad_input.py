@@ -19,7 +19,8 @@ from harness import CpuServer
 
 pytestmark = pytest.mark.server
 
-PLAIN = ("--chunked-prefill-size", "128")
+# The launch of tests/cpu/test_api_parity.py: the two modules share the two pooled servers.
+PLAIN = ("--chunked-prefill-size", "128", "--enable-custom-logit-processor", "--grammar-backend", "xgrammar")
 EDGE = (*PLAIN, "--enable-edge-acc")
 LAUNCHES = {"plain": PLAIN, "edge_acc": EDGE}
 

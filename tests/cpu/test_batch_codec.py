@@ -6,6 +6,7 @@ import pathlib
 import sys
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from sglang_edgeacc.edge_acc_server.batch_codec import LocalObjects, pack_prefill_batch, unpack_prefill_batch
@@ -51,3 +52,116 @@ def test_without_the_reference_the_tokenizer_would_be_in_every_message(tmp_path)
     small_pool = torch.arange(1000, dtype=torch.int64)
     # The control: the same batch packed without naming the tokenizer carries all of it.
     assert len(pack_prefill_batch(_batch(tokenizer, small_pool))) > 5_000_000
+
+
+def _processor_batch(n: int = 3):
+    """Real requests of a batch with custom logit processors: sglang gives each request with a processor
+    a weak proxy of itself in its custom params; the batch's sampling info holds the deserialized
+    processor, an instance of a class defined inside a function."""
+    from array import array
+
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor
+    from sglang.srt.sampling.sampling_batch_info import ProcessorEntry
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    class ForceToken(CustomLogitProcessor):  # local, as users write them in scripts and notebooks
+        def __call__(self, logits, custom_param_list=None):
+            forced = torch.full_like(logits, float("-inf"))
+            for row, params in enumerate(custom_param_list):
+                forced[row, params["token_id"]] = 0.0
+            return forced
+
+    serialized = ForceToken.to_str()
+    reqs = []
+    for i in range(n):
+        with_processor = i != 1
+        params = SamplingParams(max_new_tokens=4, custom_params={"token_id": 10 + i} if with_processor else None)
+        reqs.append(Req(f"r{i}", "", array("q", [1, 2, 3]), params,
+                        custom_logit_processor=serialized if with_processor else None))
+    rows = [0, 2]
+    info = SimpleNamespace(
+        has_custom_logit_processor=True,
+        custom_params=[r.sampling_params.custom_params for r in reqs],
+        custom_logit_processor={hash(serialized): ProcessorEntry(
+            processor=CustomLogitProcessor.from_str(serialized), rows=rows, indices=torch.tensor(rows))},
+        penalizer_orchestrator=None,
+    )
+    return SimpleNamespace(reqs=reqs, sampling_info=info, out_cache_loc=torch.arange(9))
+
+
+def _local() -> LocalObjects:
+    return LocalObjects(req_to_token_pool=None, token_to_kv_pool=None, token_to_kv_pool_allocator=None,
+                        model_config=None)
+
+
+def test_a_custom_logit_processor_of_a_local_class_crosses_as_its_serialized_form():
+    batch = _processor_batch()
+    sent = pack_prefill_batch(batch)
+    received = unpack_prefill_batch(sent, _local())
+
+    (entry,) = received.sampling_info.custom_logit_processor.values()
+    assert entry.rows == [0, 2]
+    logits = torch.zeros(2, 32)
+    out = entry.processor(logits, [received.sampling_info.custom_params[i] for i in entry.rows])
+    assert out.argmax(dim=1).tolist() == [10, 12]
+    # The params in the sampling info are the requests' own, and "__req__" is a live proxy of the
+    # request it belongs to on this side (processors read the request's state through it).
+    for index in (0, 2):
+        params = received.reqs[index].sampling_params.custom_params
+        assert received.sampling_info.custom_params[index] is params
+        assert params["__req__"].rid == f"r{index}"
+        params["__req__"].output_ids.append(99)  # the request itself, not a copy sent behind the proxy
+        assert list(received.reqs[index].output_ids) == [99]
+    assert received.reqs[1].sampling_params.custom_params is None
+
+
+def test_a_part_that_cannot_be_pickled_is_named_with_the_request_that_holds_it():
+    from sglang_edgeacc.edge_acc_server.batch_codec import PrefillBatchNotSendable
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise TypeError("built to be unpicklable")
+
+    batch = _processor_batch()
+    batch.reqs[2].payload = {"inner": Unpicklable()}
+    with pytest.raises(PrefillBatchNotSendable) as caught:
+        pack_prefill_batch(batch)
+    (part,) = caught.value.parts
+    assert (part.path, part.type_name, part.req_index) == ("batch.reqs[2].payload['inner']", "Unpicklable", 2)
+    assert "batch.reqs[2].payload['inner'] (Unpicklable)" in str(caught.value)
+
+    # Left out, the rest of the batch crosses: the part arrives as None, everything else as it was.
+    received = unpack_prefill_batch(pack_prefill_batch(batch, leave_out=caught.value.object_ids), _local())
+    assert received.reqs[2].payload == {"inner": None}
+    assert [r.rid for r in received.reqs] == ["r0", "r1", "r2"]
+
+
+def test_a_part_of_the_batch_itself_is_named_without_a_request():
+    import threading
+
+    from sglang_edgeacc.edge_acc_server.batch_codec import PrefillBatchNotSendable
+
+    batch = _processor_batch()
+    batch.lock = threading.Lock()
+    with pytest.raises(PrefillBatchNotSendable) as caught:
+        pack_prefill_batch(batch)
+    assert [(p.path, p.req_index) for p in caught.value.parts] == [("batch.lock", None)]
+
+
+def test_the_decode_side_fails_only_the_requests_that_hold_an_unsendable_part():
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    from sglang_edgeacc.edge_acc_server.batch_codec import UnsendablePart
+    from sglang_edgeacc.edge_acc_server.decode_side import fail_unsendable_requests
+
+    reqs = [SimpleNamespace(rid=f"r{i}", to_finish=None) for i in range(3)]
+    failed = fail_unsendable_requests(reqs, (UnsendablePart("batch.reqs[1].payload", "Lock", 1),), "[test]")
+    assert failed == [reqs[1]]
+    assert reqs[0].to_finish is None and reqs[2].to_finish is None
+    reason = reqs[1].to_finish
+    assert isinstance(reason, FINISH_ABORT) and reason.status_code == 400
+    assert "batch.reqs[1].payload (Lock) cannot be pickled" in reason.message
+
+    reqs = [SimpleNamespace(rid=f"r{i}", to_finish=None) for i in range(2)]
+    assert fail_unsendable_requests(reqs, (UnsendablePart("batch.lock", "lock", None),), "[test]") == reqs

@@ -30,3 +30,27 @@ def test_a_later_run_of_the_same_workload_wins():
     second = {"arms": {"upstream": {"workloads": {"burst": _result(27000)}}}}
     arms = serving_vs_upstream.merge_runs([first, second])
     assert arms["upstream"]["workloads"]["burst"]["total_throughput"] == 27000
+
+
+def test_slo_attainment_counts_the_first_token_and_the_worst_gap_of_each_request():
+    details = {
+        # prompt tokens: 500 (1 s budget), 2000 (2 s budget), 800, 800
+        "input_lens": [500, 2000, 800, 800],
+        "ttfts": [0.25, 1.5, 0.2, 0.0],  # the last request failed: no first token
+        "itls": [[0.02, 0.05], [0.03], [0.02, 0.101], []],
+    }
+    got = serving_vs_upstream.slo_attainment(details)
+    # 1: met, tight; 2: met (1.5 s <= 2 s), not tight; 3: a 101 ms gap; 4: failed.
+    assert got["slo_attainment"] == 0.5 and got["tight_slo_attainment"] == 0.25
+    assert got["p90_ttft_ms"] == 1500.0
+
+
+def test_the_goodput_rate_is_the_highest_poisson_rate_with_90_percent_met():
+    def at(share):
+        return {**_result(1000), "slo_attainment": share, "tight_slo_attainment": share / 2}
+
+    arm = {"workloads": {"poisson_4": at(1.0), "poisson_8": at(0.95), "poisson_12": at(0.6),
+                         "poisson_16": at(0.2), "steady": at(1.0)}}
+    assert serving_vs_upstream.goodput_rate(arm) == 8.0
+    assert serving_vs_upstream.goodput_rate(arm, "tight_slo_attainment") is None
+    assert "| edgeacc | 8.0 | None |" in serving_vs_upstream.slo_table({"edgeacc": arm})

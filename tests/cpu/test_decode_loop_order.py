@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from sglang_edgeacc.edge_acc_server.decode_pacing import DecodePacer
 from sglang_edgeacc.edge_acc_server.decode_side import DecodeSideScheduler
 from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStepTimes
 from sglang_edgeacc.edge_acc_server.metrics import EdgeAccStats
@@ -57,6 +58,9 @@ class _RecordingDecodeSide(DecodeSideScheduler):
         self._engine_paused = False
         self.prefill_link = _RecordingLink(self.events)
         self.decode_step_times = DecodeStepTimes(enabled=False)
+        self.decode_pacer = DecodePacer(itl_slo_ms=50.0)
+        self.require_mlp_sync = False
+        self.chunked_req = None
         self.waiting_queue = []
         self.running_batch = SimpleNamespace(batch_size=lambda: 1)
         self.edge_acc_stats = EdgeAccStats()  # the real one, without Prometheus: it records nothing
@@ -163,3 +167,78 @@ def test_a_prefill_in_flight_keeps_the_decode_side_busy(monkeypatch):
     assert side.is_fully_idle() is False
     side.prefill_link.inflight = None
     assert side.is_fully_idle(ignore_waiting=True) is True
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+class _BusyLink(_RecordingLink):
+    """A prefill side always busy; its reply arrives during the wait before step ``reply_before_step``."""
+
+    busy = True
+    replies_taken_alone = True
+
+    def __init__(self, events, clock, side, reply_before_step):
+        super().__init__(events)
+        self._clock, self._side, self._reply_before = clock, side, reply_before_step
+
+    def wait_readable(self, timeout_ms):
+        if self._side._next == self._reply_before and ("reply", self._reply_before) not in self._events:
+            self._clock.now += timeout_ms / 2000  # halfway through the wait
+            self._events.append(("reply", self._reply_before))
+            return True
+        self._clock.now += timeout_ms / 1000
+        self._events.append(("waited", round(timeout_ms)))
+        return False
+
+
+def _paced_side(waiting: bool, reply_before_step: int = 0):
+    clock = _Clock()
+    side = _RecordingDecodeSide(overlap=True, steps=4)
+    side.decode_pacer = DecodePacer(itl_slo_ms=50.0, clock=clock)
+    side.prefill_link = _BusyLink(side.events, clock, side, reply_before_step)
+    side.waiting_queue = ["a prompt"] if waiting else []
+    collected = []
+    side._edge_collect_prefill = lambda: collected.append(side._next)
+    run = side.run_batch
+
+    def timed_run(batch):
+        clock.now += 0.010  # a decode step takes 10 ms
+        return run(batch)
+
+    side.run_batch = timed_run
+    return side, collected
+
+
+def test_decode_steps_are_spaced_while_prompts_wait_for_the_prefill_side():
+    side, _ = _paced_side(waiting=True)
+    side.event_loop_edge_acc_decode()
+    ev = side.events
+    # 40 ms apart (0.8 of the 50 ms target): each 10 ms step is followed by a 30 ms wait.
+    for step in range(2, 5):
+        # The previous step's tokens go out before the wait, not after it.
+        assert _at(ev, "process", step - 1) < _at(ev, "run", step), ev
+        assert ev[_at(ev, "run", step) - 1] == ("waited", 30), ev
+    assert [s for what, s in ev if what == "process"] == [1, 2, 3, 4], ev
+
+
+def test_without_waiting_prompts_decode_steps_run_back_to_back():
+    side, _ = _paced_side(waiting=False)
+    side.event_loop_edge_acc_decode()
+    ev = side.events
+    assert not [e for e in ev[:_at(ev, "run", 4)] if e[0] == "waited"], ev
+
+
+def test_a_prefill_reply_during_the_wait_is_taken_before_the_next_step():
+    side, collected = _paced_side(waiting=True, reply_before_step=3)
+    side.event_loop_edge_acc_decode()
+    ev = side.events
+    # The loop went round once more to take the reply (and hand over the next batch), then waited
+    # out the rest of the interval before step 3.
+    assert collected.count(3) == 2, collected
+    assert ev[_at(ev, "reply", 3) + 1:_at(ev, "run", 3)] == [("waited", 15)], ev

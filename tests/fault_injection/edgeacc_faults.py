@@ -29,7 +29,16 @@ EXIT_BEFORE_CONNECT_ENV = "SGLANG_EDGEACC_TEST_PREFILL_EXIT_BEFORE_CONNECT"
 # process of the server: shows what a patch prevents, against the same sglang it patches.
 WITHOUT_PATCHES_ENV = "SGLANG_EDGEACC_TEST_WITHOUT_PATCHES"
 
+# Every process sglang spawns tries, as it starts, to listen on this port (the server's HTTP port), as
+# a gloo listener that the kernel happened to give that port does; it keeps what it gets.
+TAKE_PORT_ENV = "SGLANG_EDGEACC_TEST_TAKE_PORT"
+
+# Requests whose rid starts with this value carry an object built to be unpicklable on the decode
+# side, as a request holding something that cannot cross to the prefill side would.
+UNPICKLABLE_RID_ENV = "SGLANG_EDGEACC_TEST_UNPICKLABLE_RID"
+
 _PREFILL_SCHEDULER = "sglang_edgeacc.edge_acc_server.prefill_side.PrefillSideScheduler"
+_DECODE_SCHEDULER = "sglang_edgeacc.edge_acc_server.decode_side.DecodeSideScheduler"
 # What the launcher exports to a prefill side only (edge_acc_server.roles).
 _ROLE_ENV, _PREFILL = "SGLANG_EDGEACC_ROLE", "prefill"
 
@@ -66,6 +75,19 @@ def _exit_before_connect(original, self, *args, **kwargs):
     os._exit(int(os.environ[EXIT_BEFORE_CONNECT_ENV]))
 
 
+class BuiltToBeUnpicklable:
+    def __reduce__(self):
+        raise TypeError("this object is built to be unpicklable")
+
+
+def _attach_unpicklable(original, self, *args, **kwargs):
+    marker = os.environ[UNPICKLABLE_RID_ENV]
+    for req in self.waiting_queue:
+        if str(req.rid).startswith(marker):
+            req.edgeacc_test_payload = BuiltToBeUnpicklable()
+    return original(self, *args, **kwargs)
+
+
 def _skip_sync_when_idle(original, self, batch):
     if batch is None:
         return None  # the loop then sleeps and polls again, outside the collective
@@ -88,7 +110,32 @@ def _without_patches(names: list[str]) -> None:
         module.PATCH = dataclasses.replace(module.PATCH, applies=lambda: False)
 
 
+_taken_ports = []
+
+
+def _take_port(port: int) -> None:
+    """Listen on ``port`` for the life of this process if it is free; say on stderr what happened."""
+    import socket
+    import sys
+
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("127.0.0.1", port))
+        sock.listen(1)
+    except OSError as exc:
+        sock.close()
+        print(f"[test fault] pid {os.getpid()} could not take port {port}: {exc}", file=sys.stderr, flush=True)
+        return
+    _taken_ports.append(sock)
+    print(f"[test fault] pid {os.getpid()} took port {port}", file=sys.stderr, flush=True)
+
+
 def install() -> None:
+    import sys
+
+    if os.environ.get(TAKE_PORT_ENV) and "--multiprocessing-fork" in sys.argv:  # a process sglang spawned
+        _take_port(int(os.environ[TAKE_PORT_ENV]))
     dropped = [n for n in os.environ.get(WITHOUT_PATCHES_ENV, "").split(",") if n]
     if dropped:
         _without_patches(dropped)
@@ -99,9 +146,14 @@ def install() -> None:
         hooks.append(("_edge_prefill_connect", _fail_after_connect))
     if os.environ.get(SKIP_IDLE_SYNC_ENV) == "1":
         hooks.append(("_edge_join_group_step", _skip_sync_when_idle))
-    if not hooks or os.environ.get(_ROLE_ENV) != _PREFILL:
+    decode_hooks = []
+    if os.environ.get(UNPICKLABLE_RID_ENV):
+        decode_hooks.append(("_edge_dispatch_prefill", _attach_unpicklable))
+    role = os.environ.get(_ROLE_ENV)
+    scheduler, hooks = (_PREFILL_SCHEDULER, hooks) if role == _PREFILL else (_DECODE_SCHEDULER, decode_hooks)
+    if not hooks or os.environ.get("SGLANG_EDGEACC") != "1":
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     for method, hook in hooks:
-        HookRegistry.register(f"{_PREFILL_SCHEDULER}.{method}", hook, HookType.AROUND)
+        HookRegistry.register(f"{scheduler}.{method}", hook, HookType.AROUND)

@@ -5,8 +5,12 @@ allocator, radix tree, model config, the tokenizer every request holds). Those
 are not sent: the packer replaces each with a reference by role, and the
 unpacker binds the reference to the prefill side's own object -- whose pools map
 the very same memory, and whose tokenizer was loaded from the same files. A
-request's grammar travels as the vocab mask it filled (:mod:`grammar_mask`).
-Every tensor travels as its own elements only, never the whole storage it may
+request's grammar travels as the vocab mask it filled (:mod:`grammar_mask`), a
+custom logit processor as the serialized form its request brought (sglang
+deserializes it into an object of a class a user may have defined inside a
+function, which pickle cannot name), and the reference to its request that
+sglang puts into the request's ``custom_params`` as a reference to the request
+unpacked with it. Every tensor travels as its own elements only, never the whole storage it may
 be a view of (an allocator's free list, a pool-sized buffer). Everything else
 (requests, sampling parameters) is pickled as is, so a message grows with the
 batch, not with the tokenizer or the pool.
@@ -14,11 +18,12 @@ batch, not with the tokenizer or the pool.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import pickle
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -30,6 +35,8 @@ MODEL_CONFIG = "model_config"
 TOKENIZER = "tokenizer"
 LOCAL_ONLY = "local_only"  # decode-side bookkeeping the forward never reads (radix nodes, caches)
 BACK_REFERENCE = "back_reference"  # a weak reference back to the batch; re-pointed after loading
+LEFT_OUT = "left_out"  # a part the decode side could not send; its request fails (see PrefillBatchNotSendable)
+REQUEST_REFERENCE = "request_reference"  # the "__req__" entry of custom_params; re-pointed after loading
 # Objects from these modules are the decode side's bookkeeping (radix nodes,
 # caches, Prometheus collectors with their locks); the forward never reads them.
 LOCAL_ONLY_MODULES = ("sglang.srt.mem_cache.", "sglang.srt.observability.", "prometheus_client.")
@@ -67,13 +74,67 @@ def _compact(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.clone(memory_format=torch.contiguous_format)
 
 
+@dataclass(frozen=True)
+class _RequestReference:
+    """Stands in for a weak proxy of the batch's request ``index`` until the batch is unpacked."""
+
+    index: int
+
+
+def processor_from_str(serialized: str):
+    """A custom logit processor rebuilt from the form its request brought, as sglang builds it."""
+    from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor
+
+    return CustomLogitProcessor.from_str(serialized)
+
+
+@dataclass(frozen=True)
+class _BatchParts:
+    """What the pickler sends in a form of its own, found in the batch before the dump."""
+
+    grammar_masks: dict
+    local_objects: dict[int, str]
+    # id(processor class) -> the serialized processor its requests brought
+    processor_sources: dict[int, str]
+    # id(weak proxy of a request) -> the request's index in the batch
+    request_references: dict[int, int]
+    left_out: frozenset[int] = frozenset()
+
+
+def _processor_sources(batch) -> dict[int, str]:
+    info = getattr(batch, "sampling_info", None)
+    if not getattr(info, "has_custom_logit_processor", False):
+        return {}
+    from sglang.srt.sampling.custom_logit_processor import _cache_from_str
+
+    sources = {}
+    for req in batch.reqs:
+        serialized = getattr(req, "custom_logit_processor", None)
+        if serialized:
+            # sglang makes each processor as an instance of the class this cache holds.
+            sources[id(_cache_from_str(serialized))] = serialized
+    return sources
+
+
+def _custom_params(req) -> Optional[dict]:
+    params = getattr(getattr(req, "sampling_params", None), "custom_params", None)
+    return params if isinstance(params, dict) else None
+
+
+def _request_references(batch) -> dict[int, int]:
+    references = {}
+    for index, req in enumerate(getattr(batch, "reqs", None) or ()):
+        params = _custom_params(req)
+        if params is not None and type(params.get("__req__")) is weakref.ProxyType:
+            references[id(params["__req__"])] = index
+    return references
+
+
 class _BatchPickler(pickle.Pickler):
-    def __init__(self, file, local_types: dict[type, str], grammar_masks: dict | None = None,
-                 local_objects: dict[int, str] | None = None):
+    def __init__(self, file, local_types: dict[type, str], parts: Optional[_BatchParts] = None):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self._local_types = local_types
-        self._grammar_masks = grammar_masks or {}
-        self._local_objects = local_objects or {}
+        self._parts = parts or _BatchParts({}, {}, {}, {})
         self._compacted: list[torch.Tensor] = []  # alive until the dump ends: pickle memoizes by id
 
     def reducer_override(self, obj):
@@ -83,14 +144,26 @@ class _BatchPickler(pickle.Pickler):
                 return NotImplemented
             self._compacted.append(compact)
             return compact.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+        parts = self._parts
+        if parts.processor_sources:
+            source = parts.processor_sources.get(id(type(obj)))
+            if source is not None:
+                return processor_from_str, (source,)
+        if parts.request_references and type(obj) is weakref.ProxyType:
+            index = parts.request_references.get(id(obj))
+            if index is not None:
+                return _RequestReference, (index,)
         # A request's grammar is native decode-side state: it travels as the mask it filled.
-        stand_in = self._grammar_masks.get(id(obj)) if self._grammar_masks else None
+        stand_in = parts.grammar_masks.get(id(obj)) if parts.grammar_masks else None
         return NotImplemented if stand_in is None else stand_in.__reduce__()
 
     def persistent_id(self, obj):
         if isinstance(obj, (torch.Tensor, str, bytes, int, float, list, tuple, dict)):
             return None
-        tag = self._local_objects.get(id(obj))
+        parts = self._parts
+        if parts.left_out and id(obj) in parts.left_out:
+            return LEFT_OUT
+        tag = parts.local_objects.get(id(obj))
         if tag is not None:
             return tag
         if isinstance(obj, weakref.ReferenceType):
@@ -110,47 +183,116 @@ class _BatchUnpickler(pickle.Unpickler):
         self._local = local
 
     def persistent_load(self, tag):
-        if tag in (LOCAL_ONLY, BACK_REFERENCE):
+        if tag in (LOCAL_ONLY, BACK_REFERENCE, LEFT_OUT):
             return None
         return getattr(self._local, tag)
 
 
-def pack_prefill_batch(batch, tokenizer=None) -> bytes:
-    """``batch`` as bytes; ``tokenizer`` (the scheduler's, which every request holds) travels as a reference."""
+@dataclass(frozen=True)
+class UnsendablePart:
+    """One object of a prefill batch that cannot cross to the prefill side."""
+
+    path: str  # where it is, e.g. "batch.reqs[2].sampling_params.custom_params['x']"
+    type_name: str
+    req_index: Optional[int]  # the request that holds it; None for a part of the batch itself
+
+
+class PrefillBatchNotSendable(TypeError):
+    """A prefill batch holds objects that cannot be pickled; ``parts`` says which and whose."""
+
+    def __init__(self, cause: Exception, parts: tuple[UnsendablePart, ...], objects: tuple[object, ...]):
+        where = ", ".join(f"{p.path} ({p.type_name})" for p in parts) or "unknown"
+        super().__init__(f"EdgeAcc cannot send this prefill batch: {cause}; unpicklable: {where}")
+        self.parts = parts
+        self._objects = objects  # the parts themselves, for leaving them out of a second try
+
+    @property
+    def object_ids(self) -> frozenset[int]:
+        return frozenset(id(obj) for obj in self._objects)
+
+
+def _batch_parts(batch, tokenizer, leave_out: frozenset[int] = frozenset()) -> _BatchParts:
     from sglang_edgeacc.edge_acc_server.grammar_mask import prefilled_grammar_masks
 
+    return _BatchParts(
+        grammar_masks=prefilled_grammar_masks(batch),
+        local_objects={id(tokenizer): TOKENIZER} if tokenizer is not None else {},
+        processor_sources=_processor_sources(batch),
+        request_references=_request_references(batch),
+        left_out=leave_out,
+    )
+
+
+def _dump(obj, parts: _BatchParts) -> bytes:
     buffer = io.BytesIO()
-    local_objects = {id(tokenizer): TOKENIZER} if tokenizer is not None else {}
-    try:
-        _BatchPickler(buffer, _local_types(), prefilled_grammar_masks(batch), local_objects).dump(batch)
-    except Exception as exc:
-        raise TypeError(
-            f"EdgeAcc cannot send this prefill batch: {exc}; unpicklable: {_unpicklable_paths(batch)}") from exc
+    _BatchPickler(buffer, _local_types(), parts).dump(obj)
     return buffer.getvalue()
 
 
-def _unpicklable_paths(obj, path="batch", depth=0, seen=None) -> list[str]:
-    seen = set() if seen is None else seen
-    if id(obj) in seen or depth > 4:
-        return []
-    seen.add(id(obj))
+def pack_prefill_batch(batch, tokenizer=None, leave_out: frozenset[int] = frozenset()) -> bytes:
+    """``batch`` as bytes; ``tokenizer`` (the scheduler's, which every request holds) travels as a reference.
+
+    ``leave_out``: ids of objects sent as None (parts a :class:`PrefillBatchNotSendable`
+    named, whose requests the caller fails). Raises :class:`PrefillBatchNotSendable`.
+    """
+    parts = _batch_parts(batch, tokenizer, leave_out)
     try:
-        _BatchPickler(io.BytesIO(), _local_types()).dump(obj)
-        return []
+        return _dump(batch, parts)
+    except Exception as exc:
+        found = unsendable_parts(batch, parts)
+        raise PrefillBatchNotSendable(exc, tuple(p for p, _ in found), tuple(o for _, o in found)) from exc
+
+
+def _sendable(obj, parts: _BatchParts) -> bool:
+    try:
+        _dump(obj, parts)
+        return True
     except Exception:
-        pass
-    children = []
-    if isinstance(obj, (list, tuple)):
-        children = [(f"{path}[{i}]", v) for i, v in enumerate(obj[:4])]
-    elif isinstance(obj, dict):
-        children = [(f"{path}[{k!r}]", v) for k, v in list(obj.items())[:50]]
-    elif hasattr(obj, "__dict__") or hasattr(obj, "__slots__"):
-        names = list(getattr(obj, "__dict__", {})) + list(getattr(obj, "__slots__", ()))
-        children = [(f"{path}.{n}", getattr(obj, n, None)) for n in names]
+        return False
+
+
+def unsendable_parts(batch, parts: Optional[_BatchParts] = None) -> list[tuple[UnsendablePart, object]]:
+    """The smallest objects of ``batch`` that fail to pickle, each with the request that holds it.
+
+    Each request is tried alone, then the batch with its requests taken as sent:
+    a part found under a request fails that request only.
+    """
+    parts = parts or _batch_parts(batch, None)
     found = []
-    for child_path, child in children:
-        found += _unpicklable_paths(child, child_path, depth + 1, seen)
-    return found or [f"{path} ({type(obj).__name__})"]
+    reqs = list(getattr(batch, "reqs", None) or ())
+    for index, req in enumerate(reqs):
+        if not _sendable(req, parts):
+            found += [(UnsendablePart(path, type(obj).__name__, index), obj)
+                      for path, obj in _unpicklable_leaves(req, f"batch.reqs[{index}]", parts)]
+    if found:
+        parts = dataclasses.replace(parts, left_out=parts.left_out | {id(obj) for _, obj in found})
+    if not _sendable(batch, parts):
+        found += [(UnsendablePart(path, type(obj).__name__, None), obj)
+                  for path, obj in _unpicklable_leaves(batch, "batch", parts, skip=set(map(id, reqs)))]
+    return found
+
+
+def _children(obj, path: str) -> list[tuple[str, object]]:
+    if isinstance(obj, (list, tuple)):
+        return [(f"{path}[{i}]", v) for i, v in enumerate(obj)]
+    if isinstance(obj, dict):
+        return [(f"{path}[{k!r}]", v) for k, v in obj.items()]
+    names = list(getattr(obj, "__dict__", {})) + list(getattr(obj, "__slots__", ()))
+    return [(f"{path}.{name}", getattr(obj, name, None)) for name in names]
+
+
+def _unpicklable_leaves(obj, path: str, parts: _BatchParts, skip: Optional[set[int]] = None,
+                        depth: int = 0) -> list[tuple[str, object]]:
+    """(path, object) of the innermost objects under ``obj`` that do not pickle (``obj`` itself if none is smaller)."""
+    skip = set() if skip is None else skip
+    leaves = []
+    for child_path, child in _children(obj, path) if depth < 6 else ():
+        if id(child) in skip or child is None:
+            continue
+        skip.add(id(child))
+        if not _sendable(child, parts):
+            leaves += _unpicklable_leaves(child, child_path, parts, skip, depth + 1)
+    return leaves or [(path, obj)]
 
 
 def unpack_prefill_batch(data: bytes, local: LocalObjects):
@@ -159,4 +301,10 @@ def unpack_prefill_batch(data: bytes, local: LocalObjects):
     if orchestrator is not None and hasattr(orchestrator, "_batch_ref"):
         # The penalizers reach their batch through this reference.
         orchestrator._batch_ref = weakref.ref(batch)
+    reqs = getattr(batch, "reqs", None) or ()
+    for req in reqs:
+        params = _custom_params(req)
+        if params is not None and isinstance(params.get("__req__"), _RequestReference):
+            # As sglang does: a weak proxy, so the request still dies by refcount.
+            params["__req__"] = weakref.proxy(reqs[params["__req__"].index])
     return batch

@@ -20,7 +20,8 @@ import torch
 from sglang.srt.runtime_context import get_model, get_parallel
 
 from sglang_edgeacc.edge_acc_server import roles
-from sglang_edgeacc.edge_acc_server.batch_codec import pack_prefill_batch
+from sglang_edgeacc.edge_acc_server.batch_codec import PrefillBatchNotSendable, UnsendablePart, pack_prefill_batch
+from sglang_edgeacc.edge_acc_server.decode_pacing import DecodePacer
 from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStepTimes
 from sglang_edgeacc.edge_acc_server.graph_phases import skip_unused_graph_phase
 from sglang_edgeacc.edge_acc_server.metrics import EdgeAccStats
@@ -45,6 +46,32 @@ def queued_prompt_tokens(waiting_queue, chunked_req) -> int:
     return queued
 
 
+def fail_unsendable_requests(reqs, parts: tuple[UnsendablePart, ...], log_prefix: str) -> list:
+    """Mark the requests that hold ``parts`` to finish with a 400 naming the part; returns them.
+
+    A part of the batch itself (no request holds it) fails every request of the batch.
+    """
+    from http import HTTPStatus
+
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    batch_wide = [p for p in parts if p.req_index is None]
+    failed = []
+    for index, req in enumerate(reqs):
+        own = [p for p in parts if p.req_index == index] + batch_wide
+        if not own:
+            continue
+        where = ", ".join(f"{p.path} ({p.type_name})" for p in own)
+        logger.error("%s request %s cannot be handed to the prefill side, failing it: cannot pickle %s",
+                     log_prefix, req.rid, where)
+        req.to_finish = FINISH_ABORT(
+            f"EdgeAcc cannot hand this request to its prefill side: {where} cannot be pickled "
+            "(the prefill side is another process). Send the request without it, or serve without "
+            "--enable-edge-acc.", HTTPStatus.BAD_REQUEST, "BadRequestError")
+        failed.append(req)
+    return failed
+
+
 def _metrics_enabled() -> bool:
     from sglang.srt.runtime_context import get_observability
 
@@ -59,6 +86,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         self.prefill_link = PrefillLink(server_args, port_args, log_prefix=self._edge_log_prefix)
         flags = get_flags(server_args)
         self.decode_step_times = DecodeStepTimes(enabled=flags.edge_acc_sm_partition == "adaptive")
+        self.decode_pacer = DecodePacer(flags.edge_acc_itl_slo_ms if flags.edge_acc_decode_pacing == "on" else 0.0)
         self._edge_spawn_after_capture = False
         super().__init__(server_args, port_args, *args, **kwargs)
         if _metrics_enabled():
@@ -135,11 +163,14 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
                 self._edge_collect_prefill()
                 if not self.prefill_link.busy:
                     self._edge_dispatch_prefill()
+                if not self._edge_pace():
+                    continue  # a prefill reply came during the wait: hand over the next batch first
 
                 batch = self._edge_next_decode_batch()
                 self.cur_batch_for_debug = batch
                 result = None
                 if batch is not None:
+                    self.decode_pacer.launched()
                     result = self.run_batch(batch)
                     if overlap:
                         # Result processing writes nothing this forward still reads.
@@ -154,6 +185,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
                 self.launch_batch_sample_if_needed(result, batch)
 
                 if batch is None:
+                    self.decode_pacer.idle()
                     self.decode_step_times.idle()
                     self.edge_acc_stats.decode_idle()
                     if self.prefill_link.busy:
@@ -164,6 +196,30 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
                 self.last_batch = batch
         finally:
             self.prefill_link.stop()
+
+    def _edge_pace(self) -> bool:
+        """Wait before the next decode step while prompts queue for a busy prefill side (``decode_pacing``).
+
+        Returns False when a prefill reply ended the wait, so the loop takes it and
+        hands over the next batch before this step. A reply is taken early only where
+        this rank takes replies alone and steps without DP attention's per-step sync;
+        elsewhere an extra pass through the loop could enter a collective the other
+        ranks do not, so the wait runs out (the decode forward after it brings the
+        ranks together).
+        """
+        waiting = bool(self.waiting_queue) or self.chunked_req is not None
+        if self.decode_pacer.next_step(waiting, self.prefill_link.busy).wait_s <= 0:
+            return True
+        # The tokens of the step already run go out before the wait, not after it.
+        while self.result_queue:
+            self._edge_process_decode_result(*self.result_queue.popleft())
+        wait_s = self.decode_pacer.next_step(waiting, self.prefill_link.busy).wait_s
+        if wait_s <= 0:
+            return True
+        if self.prefill_link.replies_taken_alone and not self.require_mlp_sync:
+            return not self.prefill_link.wait_readable(max(1, round(wait_s * 1000)))
+        time.sleep(wait_s)
+        return True
 
     def _edge_process_decode_result(self, batch, result) -> None:
         self.process_batch_result(batch, result)
@@ -213,9 +269,23 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
                 decode_batch_size=len(running),
                 decode_context_tokens=sum(len(req.origin_input_ids) + len(req.output_ids) for req in running),
             )
-        packed = pack_prefill_batch(batch, tokenizer=self.tokenizer)
+        packed = self._edge_pack(batch)
         self.prefill_link.send(batch, packed, written, load)
         self.edge_acc_stats.record_message(len(packed))
+
+    def _edge_pack(self, batch) -> bytes:
+        """The batch as the prefill side receives it; a request holding what cannot cross fails alone.
+
+        The parts that cannot be pickled are sent as None and their requests are
+        finished with an error when the batch's result comes back (upstream's own
+        way to abort a request in a running batch), so their slots are released
+        by the usual path and every other request of the batch is served.
+        """
+        try:
+            return pack_prefill_batch(batch, tokenizer=self.tokenizer)
+        except PrefillBatchNotSendable as exc:
+            fail_unsendable_requests(batch.reqs, exc.parts, self._edge_log_prefix())
+            return pack_prefill_batch(batch, tokenizer=self.tokenizer, leave_out=exc.object_ids)
 
     def _edge_collect_prefill(self) -> None:
         finished = self.prefill_link.poll()

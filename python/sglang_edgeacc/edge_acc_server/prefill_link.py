@@ -229,6 +229,16 @@ class PrefillLink:
     def wait_readable(self, timeout_ms: int) -> bool:
         return self._channel.wait_readable(timeout_ms)
 
+    @property
+    def replies_taken_alone(self) -> bool:
+        """Whether this rank takes a reply without the other ranks of its group (a group of one).
+
+        Otherwise :meth:`poll` is a collective, and no rank may poll on its own schedule.
+        """
+        import torch.distributed as dist
+
+        return self._agree_group is None or dist.get_world_size(group=self._agree_group) == 1
+
     # ----------------------------------------------------------------- stop
     def stop(self) -> None:
         """Ask the prefill side to release its mappings and exit before this side does."""
