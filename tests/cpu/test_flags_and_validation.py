@@ -44,6 +44,8 @@ INCOMPATIBLE = {
 }
 PERCENT_FLAGS = ("--edge-acc-prefill-sm-percent", "--edge-acc-decode-sm-percent")
 OUT_OF_RANGE = ("0", "101")
+# The opposite of the default, so the case shows the flag reaches the server.
+VALID_PACING = "off" if EdgeAccFlags.edge_acc_decode_pacing == "on" else "on"
 
 # Parses each argv with the plugin loaded; reports the flags it attached (also
 # after a pickle round trip, which is how sglang hands ServerArgs to every
@@ -87,6 +89,7 @@ def _cases() -> dict[str, list[str]]:
     cases["edge:valid"] = BASE + [
         "--enable-edge-acc", "--tp", "2", "--edge-acc-prefill-sm-percent", "30",
         "--edge-acc-decode-sm-percent", "90", "--edge-acc-sm-partition", "green-context",
+        "--edge-acc-decode-pacing", VALID_PACING,
     ]
     cases["edge:alias"] = BASE + ["--enable-semi-pd-disagg"]
     cases["off"] = list(BASE)
@@ -143,6 +146,7 @@ def test_valid_flags_are_attached_and_survive_pickling(parsed):
         "edge_acc_prefill_mps_priority": "below-normal",
         "edge_acc_skip_preflight": False,
         "edge_acc_itl_slo_ms": 50.0,
+        "edge_acc_decode_pacing": VALID_PACING,
         "edge_acc_ttft_slo_ms": 2000.0,
     }
     assert accepted["flags"] == expected
