@@ -308,3 +308,32 @@ class SglangServer:
 
 # The CPU tests' name for it.
 CpuServer = SglangServer
+
+
+def session_processes(session_id: int) -> list[psutil.Process]:
+    """The live (not zombie) processes of a process session: a server launched here and all it started."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getsid(proc.pid) == session_id and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (ProcessLookupError, psutil.Error):
+            pass
+    return found
+
+
+def assert_nothing_left(server: SglangServer, within_s: float = 5.0) -> None:
+    """No live process of the server's session remains within ``within_s``.
+
+    Python's resource tracker ends by itself once the last process using it is gone, so this waits.
+    """
+    deadline = time.monotonic() + within_s
+    while session_processes(server.proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = []
+    for proc in session_processes(server.proc.pid):
+        try:
+            left.append((proc.pid, proc.name()))
+        except psutil.Error:  # ended meanwhile
+            pass
+    assert not left, f"processes of the server left behind: {left}"

@@ -20,7 +20,7 @@ import pytest
 import requests
 
 from fault_injection import edgeacc_faults
-from harness import CpuServer
+from harness import CpuServer, assert_nothing_left
 
 pytestmark = pytest.mark.server
 
@@ -202,25 +202,6 @@ def test_killing_either_side_takes_the_server_down(role):
         server.stop()
 
 
-def _session_processes(session_id: int) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if os.getsid(proc.pid) == session_id and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except (ProcessLookupError, psutil.Error):
-            pass
-    return found
-
-
-def _assert_nothing_left(server, within_s: float) -> None:
-    """No live process of the server's session remains within ``within_s``."""
-    deadline = time.monotonic() + within_s
-    while _session_processes(server.proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not _session_processes(server.proc.pid), "processes of the server left behind"
-
-
 def test_a_prefill_side_failing_at_start_takes_a_dp_server_down(monkeypatch):
     """One DP rank's prefill side fails at start (as when its port is taken). Upstream's error path
     signals its parent, the decode side; that used to kill the decode side outright and the
@@ -238,7 +219,7 @@ def test_a_prefill_side_failing_at_start_takes_a_dp_server_down(monkeypatch):
         assert "PrefillSideFailed" in log  # ... and its decode side went down through its error path
         # The other rank's prefill side may still be importing sglang when its decode side is killed;
         # it notices at its first own line of code, once its imports are done.
-        _assert_nothing_left(server, within_s=60)
+        assert_nothing_left(server, within_s=60)
         assert time.monotonic() - started < 300
     finally:
         server.stop()
@@ -254,7 +235,7 @@ def test_a_prefill_side_that_exits_before_connecting_fails_the_start_with_its_ex
             server.start(env=edgeacc_faults.server_env(**{edgeacc_faults.EXIT_BEFORE_CONNECT_ENV: "7"}))
         log = server.log_tail(200_000)
         assert "the prefill side exited with code 7 during start" in log, log[-3000:]
-        _assert_nothing_left(server, within_s=30)
+        assert_nothing_left(server, within_s=30)
         assert time.monotonic() - started < 240
     finally:
         server.stop()

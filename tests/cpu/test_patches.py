@@ -189,6 +189,46 @@ def test_install_all_skips_patches_that_do_not_apply_here(monkeypatch):
     assert installed == []
 
 
+def _install_in_a_spawned_child(result):
+    """What install_all does with a launcher-only patch in a process the launcher spawned."""
+    import sys
+
+    from sglang_edgeacc import patches as child_patches
+
+    stale = Patch("launcher_only", "stale", (Target(HOOK_REGISTER, params=("target",)),),
+                  install=lambda: result.put("installed"), only_in_launcher=True)
+    launcher_patches = [patch for patch in child_patches.all_patches() if patch.only_in_launcher]
+    child_patches.all_patches = lambda: [stale, *launcher_patches]
+    child_patches.install_all()
+    result.put(f"verified nothing; http_server imported: {'sglang.srt.entrypoints.http_server' in sys.modules}")
+
+
+def test_a_launcher_only_patch_is_verified_and_installed_in_the_launcher_only(monkeypatch):
+    import multiprocessing
+
+    stale = Patch("launcher_only", "stale", (Target(HOOK_REGISTER, params=("target",)),),
+                  install=lambda: None, only_in_launcher=True)
+    monkeypatch.setattr(patches_pkg, "_installed", False)
+    monkeypatch.setattr(patches_pkg, "all_patches", lambda: [stale])
+    with pytest.raises(PatchMismatch, match="'launcher_only'"):
+        patches_pkg.install_all()  # this process was not spawned by another: it is a launcher
+
+    ctx = multiprocessing.get_context("spawn")
+    result = ctx.Queue()
+    child = ctx.Process(target=_install_in_a_spawned_child, args=(result,))
+    child.start()
+    child.join(120)
+    assert child.exitcode == 0
+    assert result.get(timeout=5) == "verified nothing; http_server imported: False"
+    assert result.empty()
+
+
+def test_the_launcher_patches_are_launcher_only():
+    """Their targets (sglang's HTTP server, uvicorn) are not imported by schedulers for nothing."""
+    by_name = {patch.name: patch for patch in all_patches()}
+    assert all(by_name[name].only_in_launcher for name in ("start_failure", "http_port", "shm_reclaim"))
+
+
 def test_plugin_turns_a_mismatch_into_an_exit_sglang_cannot_swallow(monkeypatch):
     def stale():
         raise PatchMismatch("sglang-edgeacc patch 'probe_patch' cannot apply: upstream symbol 'x.y' is missing")

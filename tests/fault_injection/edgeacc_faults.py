@@ -29,6 +29,10 @@ EXIT_BEFORE_CONNECT_ENV = "SGLANG_EDGEACC_TEST_PREFILL_EXIT_BEFORE_CONNECT"
 # process of the server: shows what a patch prevents, against the same sglang it patches.
 WITHOUT_PATCHES_ENV = "SGLANG_EDGEACC_TEST_WITHOUT_PATCHES"
 
+# Every process sglang spawns tries, as it starts, to listen on this port (the server's HTTP port), as
+# a gloo listener that the kernel happened to give that port does; it keeps what it gets.
+TAKE_PORT_ENV = "SGLANG_EDGEACC_TEST_TAKE_PORT"
+
 # Requests whose rid starts with this value carry an object built to be unpicklable on the decode
 # side, as a request holding something that cannot cross to the prefill side would.
 UNPICKLABLE_RID_ENV = "SGLANG_EDGEACC_TEST_UNPICKLABLE_RID"
@@ -106,7 +110,32 @@ def _without_patches(names: list[str]) -> None:
         module.PATCH = dataclasses.replace(module.PATCH, applies=lambda: False)
 
 
+_taken_ports = []
+
+
+def _take_port(port: int) -> None:
+    """Listen on ``port`` for the life of this process if it is free; say on stderr what happened."""
+    import socket
+    import sys
+
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("127.0.0.1", port))
+        sock.listen(1)
+    except OSError as exc:
+        sock.close()
+        print(f"[test fault] pid {os.getpid()} could not take port {port}: {exc}", file=sys.stderr, flush=True)
+        return
+    _taken_ports.append(sock)
+    print(f"[test fault] pid {os.getpid()} took port {port}", file=sys.stderr, flush=True)
+
+
 def install() -> None:
+    import sys
+
+    if os.environ.get(TAKE_PORT_ENV) and "--multiprocessing-fork" in sys.argv:  # a process sglang spawned
+        _take_port(int(os.environ[TAKE_PORT_ENV]))
     dropped = [n for n in os.environ.get(WITHOUT_PATCHES_ENV, "").split(",") if n]
     if dropped:
         _without_patches(dropped)

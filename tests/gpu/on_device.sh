@@ -14,6 +14,7 @@
 #                                 CUDA context costs before it allocates anything
 #   faults[:CASES]                tests/gpu/faults.py (CASES comma-separated, default kill,aborts,pressure,bad,soak;
 #                                 empty-unpatched on request; FAULTS_SOAK_S, default 300)
+#   start-failure                 tests/cpu/test_server_start.py in the real server on the GPU (EDGEACC_TEST_PLATFORM=cuda)
 #   bg+STEP                       STEP in the background, beside the steps after it (waited for at the end)
 #
 # EdgeAcc servers are MPS clients of the daemon (EDGEACC_SUITE_MPS_PIPE names its pipe directory);
@@ -93,6 +94,9 @@ run_one() {  # index, kind, a, b
     faults)
       run_step "faults$i" "$STEP_LIMIT_S" python3 tests/gpu/faults.py --out "$OUT/faults$i.json" \
         --workdir "$WORK/models$i" ${a:+--cases "$a"} --soak-s "${FAULTS_SOAK_S:-300}" ;;
+    start-failure)
+      run_step "start_failure$i" "$STEP_LIMIT_S" env EDGEACC_TEST_PLATFORM=cuda python3 -m pytest -p no:cacheprovider \
+        -q -rA tests/cpu/test_server_start.py ;;
     mps-priority)
       run_step "mps_priority$i" "${MPS_PRIORITY_LIMIT_S:-150}" env CUDA_MPS_PIPE_DIRECTORY="$EDGEACC_SUITE_MPS_PIPE" \
         CUDA_MPS_LOG_DIRECTORY="$EDGEACC_SUITE_MPS_LOG" PYTHONPATH=python python3 benchmarks/latency_physics.py \

@@ -109,6 +109,57 @@ One row per module of ``PATCH_MODULES`` (a test checks that every row exists).
   upstream, whose history may supply the prompt. Removable when upstream
   refuses empty prompts after tokenization: ``tests/cpu/test_bad_input.py``
   serves the same request with the patch switched off and sees the server exit.
+* ``start_failure`` — target: ``http_server.launch_server`` (BEFORE),
+  ``uvicorn.lifespan.on.LifespanOn.shutdown`` (BEFORE),
+  ``http_server._wait_and_warmup`` (AROUND) and
+  ``http_server._setup_and_run_http_server`` (BEFORE); launcher process only,
+  every launch, with and without ``--enable-edge-acc`` (not with
+  ``SGLANG_RUST_SERVER`` or on ``--node-rank`` > 0). Why: a failure during the
+  start hung upstream's launcher or let it wait for minutes, its schedulers
+  holding memory (and on a GPU the card): an HTTP port uvicorn cannot bind ends
+  in a lifespan shutdown that joins the warmup thread, which polls the port for
+  12 minutes (seen for more than 5, plain and EdgeAcc); a scheduler killed
+  during start under ``--dp`` left the data-parallel controller waiting for its
+  "ready" for good; a detokenizer that dies is noticed only once every
+  scheduler is ready; a process whose parent died escapes the tree kill. How:
+  a thread of the launcher (``server_start.start_guard``) follows every
+  descendant until the warmup is done; when a server process ends, or uvicorn
+  stops, before that, it logs the cause (which process and how it ended; for
+  a port, which one and what to change), SIGKILLs every process the launcher
+  started and exits with status 1, within a second or two. With
+  ``--tokenizer-worker-num`` > 1 it hands over to upstream's subprocess
+  watchdog when the HTTP server starts. Removable when upstream's launcher
+  watches all its processes during the start and stops uvicorn's lifespan
+  without waiting for the warmup: ``tests/cpu/test_server_start.py``.
+* ``http_port`` — target: ``http_server.launch_server`` (AROUND),
+  ``uvicorn.server.Server.startup`` (AROUND), and (BEFORE)
+  ``uvicorn.config.Config.bind_socket``, ``http_server._run_granian_server``,
+  ``http_server._reserve_reuseport_socket``; launcher process only, every
+  launch (not with ``SGLANG_RUST_SERVER`` or on ``--node-rank`` > 0). Why:
+  upstream binds the HTTP port only when uvicorn starts, after the whole start;
+  meanwhile any ``bind(0)`` or outgoing connection may get it from the
+  kernel's ephemeral range, the server's own gloo listeners included (about
+  18 per scheduler process; seen with ``--tp 4 --dp 2 --enable-dp-attention
+  --enable-edge-acc``, which took port 39341). How: the launcher listens on
+  the port first (``server_start.port_hold``), which keeps every other bind and
+  connection off it; a port in use ends the launch at once with the port and
+  the fix; uvicorn then serves on the held sockets (no close and rebind, no
+  window). HTTP servers that bind by themselves (tokenizer workers, HTTP/2,
+  SO_REUSEPORT workers) get the port released just before. Removable when
+  upstream binds its HTTP listener before it spawns the schedulers.
+* ``shm_reclaim`` — target: ``engine._set_envs_and_config`` (BEFORE), the
+  launcher's first step after logging is configured and before anything is
+  spawned (every launch, ``Engine`` included). Why: a server killed whole (``kill
+  -9`` of its process group, a container stop, the OOM killer) leaves its
+  message-queue buffers (``sgl_shm_mq_*``, 24 MiB each), load-snapshot file and
+  ``sem.mp-*`` semaphores in ``/dev/shm`` (Python's resource tracker, which
+  would remove them, dies with it); a host restarting servers all day fills it.
+  How: removes this user's entries of those families whose creating pid is gone
+  that no process maps or holds open and that are a minute old (a ``/dev/shm``
+  shared across containers may hold a starting server's fresh entries;
+  ``server_start.shm_reclaim``), and logs how much it freed. Removable when upstream names its semaphores and
+  segments so that its own start-up sweep can tell a live server's from a dead
+  one's and runs it outside CI.
 """
 
 from __future__ import annotations
@@ -126,6 +177,11 @@ PATCH_MODULES: tuple[str, ...] = (
     "sglang_edgeacc.patches.edge_acc",
     "sglang_edgeacc.patches.npu_preflight",
     "sglang_edgeacc.patches.request_validation",
+    # start_failure before http_port: HookRegistry wraps in registration order, so the
+    # port is held before the start guard runs (a taken port ends the launch at once).
+    "sglang_edgeacc.patches.start_failure",
+    "sglang_edgeacc.patches.http_port",
+    "sglang_edgeacc.patches.shm_reclaim",
 )
 
 _installed = False
@@ -140,7 +196,7 @@ def install_all() -> None:
     global _installed
     if _installed:
         return
-    patches = all_patches()
+    patches = [patch for patch in all_patches() if patch.belongs_here()]
     for patch in patches:
         verify(patch)
     for patch in patches:

@@ -5,12 +5,18 @@ parameter list it was written against. :func:`verify` resolves each target in
 the installed sglang before anything is installed, so a release that moved or
 changed a symbol stops the load with the patch's and the symbol's names instead
 of running half-patched.
+
+A patch marked ``only_in_launcher`` changes what the launcher process does (the
+one sglang was started in, not a ``multiprocessing`` child of it): it is
+verified and installed there only, so the other processes do not import what
+it targets. ``sglang-edgeacc patches`` verifies it like every other.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import multiprocessing
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -43,6 +49,31 @@ class Patch:
     install: Callable[[], None] = field(repr=False)
     # Installs only in processes where this returns True (e.g. only on our CPU platform).
     applies: Callable[[], bool] = field(default=lambda: True, repr=False)
+    # Verified and installed only in the launcher process (see the module docstring).
+    only_in_launcher: bool = False
+
+    def belongs_here(self) -> bool:
+        return not self.only_in_launcher or in_launcher_process()
+
+
+def in_launcher_process() -> bool:
+    """True in the process sglang was started in; False in the processes it spawned."""
+    return multiprocessing.parent_process() is None
+
+
+def hook_installer(*hooks: tuple[str, Callable, str]) -> Callable[[], None]:
+    """An install function that registers each ``(upstream path, hook, HookType name)`` in that order.
+
+    The order matters where hooks share a target: HookRegistry wraps them in registration order.
+    """
+
+    def install() -> None:
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+        for path, hook, hook_type in hooks:
+            HookRegistry.register(path, hook, HookType[hook_type])
+
+    return install
 
 
 def resolve(path: str):
