@@ -23,7 +23,7 @@ def _has_npu() -> bool:
 
 def pytest_collection_modifyitems(config, items):
     del config
-    skip_gpu = pytest.mark.skip(reason="needs an NVIDIA GPU: run tests/gpu through the device tool (docs/testing.md)")
+    skip_gpu = pytest.mark.skip(reason="needs an NVIDIA GPU: docs/testing.md, 'The GPU suite'")
     skip_npu = pytest.mark.skip(reason="needs an Ascend NPU with torch_npu")
     cuda, npu = _has_cuda(), _has_npu()
     for item in items:

@@ -4,7 +4,7 @@ The server runs in its own process session so that stopping it takes the
 whole tree (tokenizer, controller, schedulers, detokenizer, EdgeAcc sides)
 down, also when the test that started it failed. On a GPU it runs with the
 backends the GPU host's bundle provides (``--attention-backend triton
---sampling-backend pytorch``; ``../shared/gpu-host/build-bundle.sh``).
+--sampling-backend pytorch``; ``scripts/gpu-host/build-bundle.sh``).
 """
 
 from __future__ import annotations

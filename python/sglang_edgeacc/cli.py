@@ -16,6 +16,9 @@ import sys
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
+# What `sglang-edgeacc --help` says above the subcommands; plain text, since argparse prints it as written.
+DESCRIPTION = "Tools of the sglang-edgeacc plugin for sglang: patch check, tiny model, CUDA MPS daemon, Ascend checks."
+
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "patches": ("sglang_edgeacc.patches.report",
@@ -63,7 +66,7 @@ def build_parser(load: Optional[Iterable[str]] = None) -> tuple[argparse.Argumen
     only exist on the parser then); None imports all of them.
     """
     wanted = set(SUBCOMMANDS) if load is None else set(load)
-    parser = argparse.ArgumentParser(prog="sglang-edgeacc", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="sglang-edgeacc", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     modules: dict[str, object] = {}
     for name, (module_name, help_text) in SUBCOMMANDS.items():

@@ -114,7 +114,7 @@ def keep_prefill_graphs_inside_green_contexts(flags: EdgeAccFlags, args: argpars
 
     A CUDA graph's kernels run on the SMs of the stream it was *captured* on, not the
     stream it is replayed on (H200: a decode graph captured outside a 16-SM green context
-    and replayed on it ran at whole-GPU speed, 13.9 ms against 50 ms; docs/benchmarks-history.md).
+    and replayed on it ran at whole-GPU speed, 13.9 ms against 50 ms).
     Upstream captures its prefill graphs before the prefill side picks a
     partition, so they would escape the split. The prefill side therefore runs eager
     under ``--edge-acc-sm-partition green-context|adaptive``: the default graph is turned

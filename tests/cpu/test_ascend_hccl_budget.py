@@ -1,7 +1,7 @@
 """The DeepEP HCCL buffer model against the kernel formulas, computed by hand.
 
 Every expected value below is written as the arithmetic of the sgl-kernel-npu
-check it models (see /work/shared/reference/ascend-deepep-hccl.md), with the
+check it models (``hccl_budget.py`` names the kernel sources), with the
 per-token slot sizes worked out in comments, so a reader can redo it on paper.
 
 DeepSeek-V3.2: hidden 7168, top-k 8, 256 routed experts. Slots:

@@ -1,9 +1,9 @@
 """The preflight checks on launch commands read by the tolerant parser (no sglang needed).
 
-The seed (/work/shared/seeds/ascend-a2-deepseek-v32-capture-hang.md): two Atlas
+The field report (docs/ascend.md, section 1): two Atlas
 800I A2 hosts, DeepSeek-V3.2 W8A8 without MTP weights, NEXTN 2/1/3,
 SGLANG_ENABLE_SPEC_V2=1, ant-moving 8 x 512, `--cuda-graph-bs 4 8`; it hung at
-"Capturing batches" and then died in aclnnDispatchNormalA2. The seed does not
+"Capturing batches" and then died in aclnnDispatchNormalA2. The report does not
 say what HCCL_BUFFSIZE it started from; 400 MB is what the public doc formula
 gives for ant-moving 8 x 512 (2 x (106 MB + 512 x 3 x 7168 x 8 B) + 20 MB), so
 that is the value used here.

@@ -112,3 +112,31 @@ def test_readme_test_command_is_what_ci_runs():
     assert any(match.group(1) in block.splitlines() for block in commands), (
         f"README's Quick start does not show CI's test command: {match.group(1)}"
     )
+
+
+def test_help_prints_no_restructuredtext(capsys):
+    texts = [_run(_console_script("sglang-edgeacc") + ["--help"]).stdout]
+    for name in cli.SUBCOMMANDS:
+        parser, _ = cli.build_parser(load=[name])
+        with pytest.raises(SystemExit):
+            parser.parse_args([name, "--help"])
+        texts.append(capsys.readouterr().out)
+    for text in texts:
+        assert "usage: sglang-edgeacc" in text, text
+        assert "``" not in text and not re.search(r":[a-z]+:`", text), text
+
+
+def test_quickstart_flag_table_gives_every_flag_with_its_default():
+    import argparse
+
+    from sglang_edgeacc import flags
+
+    parser = argparse.ArgumentParser()
+    flags.add_cli_args(parser)
+    defaults = {a.option_strings[0]: a.default for a in parser._actions if a.option_strings[0].startswith("--e")}
+    quickstart = (REPO / "docs" / "quickstart.md").read_text()
+    rows = dict(re.findall(r"^\| `(--[a-z-]+)[^|]*\| ([^|]+?) \|", quickstart, re.M))
+    for option, default in defaults.items():
+        assert option in rows, f"docs/quickstart.md's flag table lacks {option}"
+        expected = "off" if default is False else f"{default:g}" if isinstance(default, float) else str(default)
+        assert rows[option].strip("`") == expected, f"{option}: the table says {rows[option]}, the parser {default}"

@@ -107,3 +107,16 @@ def test_compose_example():
         if name in ("SGLANG_CACHE_DIR", "NCCL_P2P_LEVEL"):
             continue  # read by sglang / NCCL, not by the script
         assert name in script, f"compose sets {name}, which the launch script does not read"
+
+
+def test_compose_spells_out_the_edge_acc_defaults():
+    yaml = pytest.importorskip("yaml")
+    from sglang_edgeacc.flags import EdgeAccFlags
+
+    compose = yaml.safe_load((REPO / "docker" / "compose.yaml").read_text())
+    words = compose["services"]["sglang-edgeacc"]["environment"]["SERVER_ARGS"].split()
+    pairs = dict(zip(words[::2], words[1::2]))
+    assert pairs and all(flag.startswith("--edge-acc-") for flag in pairs), words
+    for flag, value in pairs.items():
+        default = getattr(EdgeAccFlags, flag.lstrip("-").replace("-", "_"))
+        assert value == str(default), f"compose sets {flag} {value}; the default is {default}"

@@ -13,7 +13,7 @@ family serves dummy weights at production shapes (pool, tokenizer, kernels).
     python tests/gpu/server_suite.py --platform cpu --families tiny --out /tmp/suite.json
 
 The servers of a phase start together (each with a capped KV pool) and then run
-their workloads; ``tests/gpu/run_server_suite_on_device.sh`` runs it with its MPS
+their workloads; ``tests/gpu/on_device.sh`` runs it with its MPS
 daemon, ``tests/gpu/test_server_suite_gpu.py`` is the pytest entry.
 """
 

@@ -1,7 +1,8 @@
 """The GPU server suite under pytest: EdgeAcc's greedy outputs equal plain sglang's in the real server.
 
-Needs CUDA, the pinned sglang (on the lent H200: ``source .gpu-bundle/env.sh``) and, for the EdgeAcc arms, an MPS
-daemon whose pipe directory ``EDGEACC_SUITE_MPS_PIPE`` names (``tests/gpu/on_device.sh`` provides both).
+Needs CUDA, the pinned sglang (or the bundle of ``scripts/gpu-host/``: ``source .gpu-bundle/env.sh``) and,
+for the EdgeAcc arms, an MPS daemon whose pipe directory ``EDGEACC_SUITE_MPS_PIPE`` names
+(``tests/gpu/on_device.sh`` provides both).
 ``EDGEACC_SUITE_FAMILIES`` picks families (default: the tiny ones).
 """
 

@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "launch_args",
         nargs=argparse.REMAINDER,
         metavar="-- LAUNCH_ARGS",
-        help="the exact arguments given to `python -m sglang.launch_server`, after `--`",
+        help="the exact arguments given to python -m sglang.launch_server, after --",
     )
 
 

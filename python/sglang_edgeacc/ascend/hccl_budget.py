@@ -4,7 +4,7 @@ The numbers are the ones the sgl-kernel-npu DeepEP kernels check, not the
 formula in the public docs: the docs count ``hidden_size`` in elements where the
 kernels count bytes (bf16, 2 bytes), and they ignore the 512-byte alignment of
 every token slot, which at 8192 tokens is ~64 MB more than their 20 MB padding.
-Sources (sgl-kernel-npu, tag 20260821; see /work/shared/reference/ascend-deepep-hccl.md):
+Sources (sgl-kernel-npu, tag 20260821):
 
 * normal dispatch, one HCCS domain (A3 any size, A2 up to 8 ranks):
   ``ops*/op_host/cam_moe_dispatch_normal_tiling.cc`` (tiling check, fails with

@@ -4,8 +4,9 @@ Exported once, after the decode side's pools exist: every parameter and buffer
 of the model, the KV buffers (upstream's own ``[*k_buffer, *v_buffer]`` order,
 the order ``MHATokenToKVPool._assign_post_capture_tensors`` maps back), and
 ``req_to_token``. The prefill side builds its model and pools like any scheduler,
-on the decode side's memory (``patches.edge_acc``), so both sides read and write
-the same weights, KV slots and request table; :func:`verify_shared_state` checks it.
+on the decode side's memory (patch ``edge_acc``; why, in the patch table of
+``sglang_edgeacc/patches/__init__.py``), so both sides read and write the same
+weights, KV slots and request table; :func:`verify_shared_state` checks it.
 
 On the prefill side, what was mapped has one owner, :class:`PrefillSharedState`:
 set once when the prefill side connects (before its scheduler builds anything),
@@ -95,11 +96,9 @@ def verify_shared_state(model_runner, imported: ImportedTensors, state: SharedSt
 
 
 def request_table_readers(model_runner) -> list[tuple[str, object]]:
-    """Everything on a model runner that holds its own reference to ``req_to_token``.
-
-    Upstream hands the table to the KV index translator when the pool is built and
-    to the attention backends when they are; each keeps the tensor it was given.
-    """
+    """Everything on a model runner that holds its own reference to ``req_to_token``: the
+    pool, the KV index translator and the attention backend (the patch table's ``edge_acc``
+    row says why each must hold the shared table)."""
     readers = [("req_to_token_pool", model_runner.req_to_token_pool.req_to_token)]
     translator = getattr(model_runner, "kv_index_translator", None)
     if translator is not None:

@@ -1,22 +1,9 @@
 """Patch ``cpu_platform``: the CUDA assumptions the ``edgeacc_cpu`` platform meets with several ranks.
 
-Installed only when ``SGLANG_PLATFORM=edgeacc_cpu``. Upstream decides "am I on
-the CPU" from module-level ``_is_cpu = is_cpu()`` constants tied to
-``SGLANG_USE_CPU_ENGINE`` (the sgl-kernel CPU engine), not to the active
-platform, so an out-of-tree CPU platform is treated as CUDA in three places
-that only DP attention reaches:
-
-* ``forward_batch_info._is_cpu``: pinned host tensors for the gathered token
-  counts ("Found no NVIDIA driver"), and the CUDA-graph padding value that
-  ``TorchNativeAttnBackend`` does not define;
-* ``parallel_state._is_cpu``: ``all_gather_into_tensor`` through a custom op
-  registered for the PrivateUse1 key only ("Could not run
-  'sglang::reg_all_gather_into_tensor' with arguments from the 'CPU' backend");
-* ``dp_attention.memcpy``: a Triton kernel ("0 active drivers").
-
-The constants are rebound to True (their CPU branches are plain torch and
-gloo); ``memcpy`` is replaced by upstream's own ``memcpy_cpu``; the torch
-native backend gets the padding value its CUDA-graph path would use.
+Installed only when ``SGLANG_PLATFORM=edgeacc_cpu``. Rebinds ``forward_batch_info._is_cpu``
+and ``parallel_state._is_cpu`` to True, replaces ``dp_attention.memcpy`` with upstream's own
+``memcpy_cpu``, and gives ``TorchNativeAttnBackend`` the padding value its CUDA-graph path
+would use. Why it exists, and when it can be removed: the patch table in ``sglang_edgeacc/patches/__init__.py``.
 """
 
 from __future__ import annotations

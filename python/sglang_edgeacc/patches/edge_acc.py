@@ -1,22 +1,15 @@
 """Patch ``edge_acc``: the scheduler of an EdgeAcc launch (decode side and prefill side).
 
-Installed only in processes of a launch with ``--enable-edge-acc`` (the
-launcher exports ``SGLANG_EDGEACC=1`` once it has parsed the flags, and sglang
-spawns its schedulers with that environment): upstream's ``Scheduler`` is
-REPLACEd by the scheduler class of the process's side, known from its
-environment when the plugin loads (``edge_acc_server.roles``):
+Installed only in processes of a launch with ``--enable-edge-acc`` (``SGLANG_EDGEACC=1``):
+upstream's ``Scheduler`` is REPLACEd by the class of the process's side
+(``edge_acc_server.roles``):
 :class:`~sglang_edgeacc.edge_acc_server.decode_side.DecodeSideScheduler` or
 :class:`~sglang_edgeacc.edge_acc_server.prefill_side.PrefillSideScheduler`.
-On the prefill side only, the KV pool sizing
-step returns the decode side's sizes instead of profiling free memory, the
-model loader builds the model on the meta device and binds the decode side's
-weights, the MHA KV pool takes the decode side's buffers instead of
-allocating, and the request-to-token pool takes the decode side's table as it
-is built (before the KV index translator, the attention backends and the CUDA
-graphs capture it): the prefill side holds no second copy of weights or KV.
-These hooks read what was mapped from its one owner,
+On the prefill side only, four AROUND hooks build its pools and model on the decode
+side's memory: the pool sizes, the meta-device loader, the KV buffers and the
+request-to-token table. They read what was mapped from its one owner,
 ``shared_state.prefill_shared_state()``.
-Every other launch never loads this patch.
+Why it exists, and when it can be removed: the patch table in ``sglang_edgeacc/patches/__init__.py``.
 """
 
 from __future__ import annotations

@@ -1,25 +1,22 @@
 """Ascend preflight at server start: refuse a launch that would hang or crash, size the HCCL buffer.
 
-Target: the resolution step ``handle_npu_backends`` of sglang's argument
-pipeline (``arg_groups/pipeline.py``), wrapped through upstream's own
-``register_resolution_hook``. ``ServerArgs.resolve_once`` runs that pipeline in
-the launcher (``Engine._launch_subprocesses``), before any scheduler process is
-spawned and so before any process group or device memory exists. The wrapper
-runs ahead of the built-in step, whose NPU defaults query the device's memory.
+Target: the resolution step ``handle_npu_backends`` of sglang's argument pipeline,
+wrapped through upstream's ``register_resolution_hook``. It runs in the launcher,
+before any scheduler process, process group or device memory exists, and ahead of the
+built-in step, whose NPU defaults query the device's memory.
 
-With ``--device npu`` it runs the same checks as ``sglang-edgeacc doctor`` on the
-arguments, the environment and the checkpoint's JSON files:
+With ``--device npu`` it runs the ``sglang-edgeacc doctor`` checks on the arguments,
+the environment and the checkpoint's JSON files:
 
-* a failing check stops the launch (:class:`NpuPreflightFailed`, a SystemExit
-  whose text is the doctor's report) unless ``--edge-acc-skip-preflight`` is
-  given, which logs the report as a warning and goes on;
-* with DeepEP (``--moe-a2a-backend deepep``) and neither ``HCCL_BUFFSIZE`` nor
-  ``DEEPEP_HCCL_BUFFSIZE`` set, it exports ``DEEPEP_HCCL_BUFFSIZE`` = the model's
-  requirement + max(200 MB, 10%) into ``os.environ``; the spawned schedulers
-  inherit it and sglang's ``get_torch_distributed_pg_options`` gives it to the
-  world and MoE HCCL groups. An explicit setting is never changed.
+* a failing check stops the launch (:class:`NpuPreflightFailed`, a SystemExit whose
+  text is the doctor's report) unless ``--edge-acc-skip-preflight`` is given, which logs
+  the report as a warning and goes on;
+* with DeepEP and neither ``HCCL_BUFFSIZE`` nor ``DEEPEP_HCCL_BUFFSIZE`` set, it exports
+  ``DEEPEP_HCCL_BUFFSIZE`` = the model's requirement + max(200 MB, 10%), which the
+  spawned schedulers inherit. An explicit setting is never changed.
 
 With any other ``--device`` it calls the built-in step and does nothing else.
+Why it exists, and when it can be removed: the patch table in ``sglang_edgeacc/patches/__init__.py``.
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """Patch ``request_validation``: an empty prompt is a 400 from the tokenizer manager, not a dead scheduler.
 
-Target: ``TokenizerManager._validate_one_request`` (BEFORE hook), the check the
-tokenizer manager runs on every prompt after tokenization, one call per prompt
-of a batch; it is where upstream refuses a prompt longer than the context with
-a ``ValueError``, which ``/generate``, ``/v1/completions`` and the other HTTP
-routes answer with a 400 carrying the message.
-
-A prompt of no tokens reaches the scheduler unchecked when it comes as text
-(``{"text": ""}`` tokenizes to nothing with a tokenizer that adds no BOS) or as
-an entry of a batch (``{"text": ["a", ""]}``, ``{"input_ids": [[]]}``); upstream
-refuses only a top-level ``"input_ids": []``. A forward of such a prompt alone
-has no last position to take the logits of (``IndexError`` in the logits
-processor): the scheduler dies, and every later request fails. With EdgeAcc
-the prefill side dies the same way and takes its decode side down. Batched with
-other prompts it does not crash but is answered with the logits of another
-prompt's position.
-
-The hook raises the same kind of error for a prompt of zero tokens, except in a
-session, where upstream lets the session's history supply the prompt and its
-session controller refuses what is still empty. Requests given as
-``input_embeds`` carry no token ids here and are left alone.
+Target: ``TokenizerManager._validate_one_request`` (BEFORE hook), which upstream runs on
+every prompt after tokenization, one call per prompt of a batch. The hook raises a
+``ValueError`` for a prompt of zero tokens, the kind upstream raises for a prompt longer
+than the context and the HTTP routes answer with a 400. A session's request is left to
+upstream, whose history may supply the prompt; ``input_embeds`` requests carry no token
+ids here and are left alone. Why it exists, and when it can be removed: the patch table in ``sglang_edgeacc/patches/__init__.py``.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Patch ``server_args``: EdgeAcc's flags on sglang's own parser, validated at parse time.
 
-Targets ``ServerArgs.add_cli_args`` (AROUND: adds our argument group, so
-``python -m sglang.launch_server --help`` lists the flags and both
-``launch_server`` and ``sglang serve`` parse them) and
-``ServerArgs.from_cli_args`` (AROUND: attaches an :class:`EdgeAccFlags` to the
-record and refuses combinations EdgeAcc cannot honour before anything loads;
-before the original runs, it turns prefill CUDA graphs off where green contexts
-confine the prefill side, because a graph keeps the SMs of its capture stream).
+Targets ``ServerArgs.add_cli_args`` (AROUND: adds the EdgeAcc argument group) and
+``ServerArgs.from_cli_args`` (AROUND: before the original, turns prefill CUDA graphs
+off under the green-context splits; after it, validates the flags, attaches an
+:class:`EdgeAccFlags` to the record and prepares the EdgeAcc launch environment).
+Why it exists, and when it can be removed: the patch table in ``sglang_edgeacc/patches/__init__.py``.
 """
 
 from __future__ import annotations
