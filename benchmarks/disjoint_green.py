@@ -5,7 +5,7 @@ rest of its split, so two of them (prefill and decode) start from the same SMs a
 overlap. A co-partition confines *both* sides: the decode side to a small group, the
 prefill side to the SMs left over, so a long prefill can neither be interrupted by
 decode's kernels nor sit on the SMs decode needs. That is the only split that
-reached chunked prefill's top throughput on the H200 (``benchmarks/adaptive_split.py``).
+reached chunked prefill's top throughput on the H200 (measured with a standalone benchmark now in git history).
 
 The CUDA driver's green-context API (12.4+) is called through ``ctypes`` on
 ``libcuda``: one ``cuDevSmResourceSplitByCount`` gives the group and its remainder,

@@ -66,7 +66,8 @@ from sglang_edgeacc.edge_acc.sm_partition import (  # noqa: E402
     mps_priority_env,
     visible_sm_count,
 )
-from sglang_edgeacc.edge_acc.tensor_share import export_tensors, import_tensors  # noqa: E402
+from sglang_edgeacc.edge_acc.tensor_export import export_tensors  # noqa: E402
+from sglang_edgeacc.edge_acc.tensor_import import import_tensors  # noqa: E402
 
 logger = logging.getLogger("latency_physics")
 

@@ -19,6 +19,30 @@ from sglang_edgeacc.launch_validation import EdgeAccConfigError, on_cpu_platform
 logger = logging.getLogger(__name__)
 
 
+def refuse_without_a_gpu(args: argparse.Namespace) -> None:
+    """Refuse a launch that left the device to upstream's detection on a host where torch sees no GPU.
+
+    Left alone, such a launch fails on the missing MPS daemon instead, whose fix
+    (``--edge-acc-sm-partition none``) only leads to the next failure. EdgeAcc
+    without a GPU is its CPU platform, selected by the environment. An explicit
+    ``--device`` is the user's word on the host and is not second-guessed here.
+    """
+    if getattr(args, "device", None) is not None:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    from sglang_edgeacc.platform import PLATFORM_NAME
+
+    raise EdgeAccConfigError(
+        f"--enable-edge-acc found no CUDA GPU on this host (torch.cuda.is_available() is False, torch "
+        f"{torch.__version__}). To run EdgeAcc on the CPU, set SGLANG_PLATFORM={PLATFORM_NAME} in the "
+        f"server's environment (the two sides then time-slice the host). On a GPU host, check the NVIDIA "
+        f"driver and that this torch is a CUDA build."
+    )
+
+
 def prepare_edge_acc_environment(flags: EdgeAccFlags, args: argparse.Namespace) -> None:
     """Launcher side of an accepted EdgeAcc launch: environment every child inherits.
 
@@ -33,6 +57,7 @@ def prepare_edge_acc_environment(flags: EdgeAccFlags, args: argparse.Namespace) 
     if on_cpu_platform(args):
         logger.info("[edgeacc] CPU platform: the two sides time-slice the host; SM split is off")
         return
+    refuse_without_a_gpu(args)
     if flags.edge_acc_sm_partition != "none":
         # Kernels of two processes run at the same time only under MPS, whatever
         # confines them (an MPS percentage, or green contexts inside an

@@ -27,7 +27,7 @@ class _Partitions:
 
 
 def _split() -> AdaptiveSplit:
-    cfg = AdaptiveSplitConfig(itl_slo_ms=21.58, ttft_slo_ms=2400.0, min_decode_samples=8, cell_ttl_s=1e9)
+    cfg = AdaptiveSplitConfig(itl_slo_ms=21.58, ttft_slo_ms=2400.0)
     return AdaptiveSplit(partitions=_Partitions(), policy=AdaptiveSplitPolicy(cfg, 5, initial_index=0), tp_rank=0)
 
 
@@ -63,29 +63,24 @@ def test_a_message_without_a_load_keeps_the_feedback_rule():
 
 
 def test_a_backlog_in_the_message_drains_on_the_largest_split_predicted_within_the_itl_slo():
-    """The drain rule (drain_backlog, the default): a queue that predicts a TTFT above half its SLO
-    (but not above it) moves the batch to the largest split predicted to hold the ITL SLO; without
-    it (drain_backlog=False) the policy waits until the TTFT SLO itself is broken."""
+    """A queue that predicts a TTFT above half its SLO (but not above it) moves the batch to the
+    largest split predicted to hold the ITL SLO, before the TTFT SLO itself breaks."""
     plant = {64: [16.7, 18.1, 20.6, 23.2, 27.0], 32: [13.8, 14.3, 15.9, 18.0, 20.4]}
-
-    def run(drain: bool) -> list[str]:
-        cfg = AdaptiveSplitConfig(itl_slo_ms=21.58, ttft_slo_ms=2400.0, cell_ttl_s=1e9, drain_backlog=drain)
-        policy = AdaptiveSplitPolicy(cfg, 5, initial_index=0, sm_counts=_Partitions.sm_counts, total_sms=132)
-        split = AdaptiveSplit(partitions=_Partitions(), policy=policy, tp_rank=0)
-        streams, steps = [], []
-        for batch in [64] * 8 + [32]:
-            # 2048 tokens in 150 ms with 30k queued: predicted TTFT ~2.3 s, in (0.5, 1] x the SLO.
-            streams.append(split.stream_for(_work(steps, batch, queued=30_000)))
-            split.observe(_work([], batch, queued=30_000), forward_ms=150.0, tokens=2048)
-            steps = [plant[batch][split.policy.index]] * 8
-        return streams
-
-    old, new = run(drain=False), run(drain=True)
-    assert set(old) == {"stream-0"}
+    cfg = AdaptiveSplitConfig(itl_slo_ms=21.58, ttft_slo_ms=2400.0)
+    policy = AdaptiveSplitPolicy(cfg, 5, initial_index=0, sm_counts=_Partitions.sm_counts, total_sms=132)
+    split = AdaptiveSplit(partitions=_Partitions(), policy=policy, tp_rank=0)
+    streams, steps = [], []
+    for batch in [64] * 8 + [32]:
+        # 2048 tokens in 150 ms with 30k queued: predicted TTFT ~2.3 s, in (0.5, 1] x the SLO.
+        streams.append(split.stream_for(_work(steps, batch, queued=30_000)))
+        split.observe(_work([], batch, queued=30_000), forward_ms=150.0, tokens=2048)
+        steps = [plant[batch][split.policy.index]] * 8
     # 32 -> 48 SMs by one exploring step, 72 on the extrapolation (21.3 ms predicted), never 96
     # (26.8 ms predicted; 23.2 ms real); the batch-32 message keeps 72, bounded by batch 64.
-    assert new[:3] == ["stream-0", "stream-1", "stream-2"]
-    assert set(new[2:]) == {"stream-2"}
+    assert streams[:3] == ["stream-0", "stream-1", "stream-2"]
+    assert set(streams[2:]) == {"stream-2"}
+    assert [h.reason.split(":")[0] for h in policy.history if h.index != 0][:2] == ["drain", "drain"]
+    assert policy.predicted_ttft_ms < cfg.ttft_slo_ms  # it moved before the TTFT SLO broke
 
 
 def _group_rank(rank: int) -> tuple[list, int]:

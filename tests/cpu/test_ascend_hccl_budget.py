@@ -17,9 +17,12 @@ import math
 import pytest
 
 from sglang_edgeacc.ascend import hccl_budget as hb
+from sglang_edgeacc.ascend.buffer_setting import BufferSetting, auto_buffer_mb, configured_buffer
+from sglang_edgeacc.ascend.dispatch_inputs import AntMoving, ModelShape, ant_moving_problems, model_shape_from_config
+from sglang_edgeacc.ascend.dispatch_plan import dispatch_modes
 
 MB = 1024 * 1024
-DSV32 = hb.ModelShape(hidden_size=7168, topk=8, num_experts=256)
+DSV32 = ModelShape(hidden_size=7168, topk=8, num_experts=256)
 
 
 def mb_ceil(nbytes: int) -> int:
@@ -50,7 +53,7 @@ def test_a3_normal_ant_moving_off_caps_at_one_8192_round():
 
 
 def test_a3_normal_ant_moving_on():
-    req = hb.normal_requirement("a3", DSV32, ranks=16, tokens_per_rank=3000, ant_moving=hb.AntMoving(8, 512))
+    req = hb.normal_requirement("a3", DSV32, ranks=16, tokens_per_rank=3000, ant_moving=AntMoving(8, 512))
     # maxBs = min(per-round 512, 3000) = 512; 8 rounds -> combine slot doubled to 28672
     expected = (512 * 8 * (14848 + 2 * 14336) + 4 * MB + 102 * MB) * 2
     assert req.required_bytes == expected
@@ -58,7 +61,7 @@ def test_a3_normal_ant_moving_on():
 
 
 def test_a3_normal_ant_moving_single_round_does_not_double_combine():
-    req = hb.normal_requirement("a3", DSV32, ranks=16, tokens_per_rank=1000, ant_moving=hb.AntMoving(1, 2048))
+    req = hb.normal_requirement("a3", DSV32, ranks=16, tokens_per_rank=1000, ant_moving=AntMoving(1, 2048))
     expected = (1000 * 8 * (14848 + 14336) + 4 * MB + 102 * MB) * 2
     assert req.required_bytes == expected
 
@@ -72,7 +75,7 @@ def test_a2_one_node_normal_ant_moving_off():
 
 
 def test_a2_one_node_normal_ant_moving_on():
-    req = hb.normal_requirement("a2", DSV32, ranks=8, tokens_per_rank=4096, ant_moving=hb.AntMoving(4, 1024))
+    req = hb.normal_requirement("a2", DSV32, ranks=8, tokens_per_rank=4096, ant_moving=AntMoving(4, 1024))
     expected = (1024 * 8 * (14848 + 2 * 14336) + 8 * MB + 404 * MB) * 2 + 4 * 2 * MB
     assert req.required_bytes == expected
     assert req.required_mb == 1512
@@ -100,7 +103,7 @@ def test_a2_two_nodes_normal_scales_with_tokens():
 
 def test_a2_two_nodes_refuses_ant_moving():
     with pytest.raises(hb.UnsupportedDispatch, match="ant-moving"):
-        hb.normal_requirement("a2", DSV32, ranks=16, tokens_per_rank=512, ant_moving=hb.AntMoving(8, 512))
+        hb.normal_requirement("a2", DSV32, ranks=16, tokens_per_rank=512, ant_moving=AntMoving(8, 512))
 
 
 def test_a3_two_nodes_stays_on_the_one_domain_formula():
@@ -136,7 +139,7 @@ def test_a3_low_latency_int8():
 
 
 def test_a3_low_latency_counts_redundant_and_shared_experts():
-    shape = hb.ModelShape(7168, 8, 256 + 32, shared_expert_num=1)
+    shape = ModelShape(7168, 8, 256 + 32, shared_expert_num=1)
     req = hb.low_latency_requirement("a3", shape, ranks=16, max_dispatch_tokens_per_rank=64)
     assert req.required_bytes == (64 * 14848 * 288 + 64 * 14336 * (8 + 1)) * 2
 
@@ -152,7 +155,7 @@ def test_a2_one_node_low_latency_tiling_binds_and_ignores_int8():
 
 
 def test_a2_one_node_low_latency_kernel_assert_binds_for_a_tiny_model():
-    tiny = hb.ModelShape(hidden_size=128, topk=2, num_experts=8)
+    tiny = ModelShape(hidden_size=128, topk=2, num_experts=8)
     req = hb.low_latency_requirement("a2", tiny, ranks=8, max_dispatch_tokens_per_rank=1)
     # tiling: slot align512(align32(256) + 44) = 512, combine align512(256) = 512
     tiling = (1 * 512 * 8 + 1 * 512 * 2) * 2
@@ -172,7 +175,7 @@ def test_a2_two_nodes_low_latency_layered():
 
 
 def test_a2_two_nodes_low_latency_aligns_topk_to_8():
-    shape = hb.ModelShape(7168, 6, 256)
+    shape = ModelShape(7168, 6, 256)
     req = hb.low_latency_requirement("a2", shape, ranks=16, max_dispatch_tokens_per_rank=32)
     assert req.required_bytes == 256 * 32 * (7168 * 2 + 4 * 8 * 4) + 804 * MB  # k 6 counts as 8
 
@@ -181,42 +184,42 @@ def test_a2_two_nodes_low_latency_aligns_topk_to_8():
 
 
 def test_buffer_precedence_and_default():
-    assert hb.configured_buffer({}) == hb.BufferSetting(200, "default")
-    assert hb.configured_buffer({"HCCL_BUFFSIZE": "1500"}).mb == 1500
-    both = hb.configured_buffer({"HCCL_BUFFSIZE": "1500", "DEEPEP_HCCL_BUFFSIZE": "900"})
+    assert configured_buffer({}) == BufferSetting(200, "default")
+    assert configured_buffer({"HCCL_BUFFSIZE": "1500"}).mb == 1500
+    both = configured_buffer({"HCCL_BUFFSIZE": "1500", "DEEPEP_HCCL_BUFFSIZE": "900"})
     assert (both.mb, both.source, both.explicit) == (900, "DEEPEP_HCCL_BUFFSIZE", True)
-    assert hb.configured_buffer({"DEEPEP_HCCL_BUFFSIZE": "", "HCCL_BUFFSIZE": "700"}).source == "HCCL_BUFFSIZE"
+    assert configured_buffer({"DEEPEP_HCCL_BUFFSIZE": "", "HCCL_BUFFSIZE": "700"}).source == "HCCL_BUFFSIZE"
     with pytest.raises(ValueError, match="HCCL_BUFFSIZE='1.5G'"):
-        hb.configured_buffer({"HCCL_BUFFSIZE": "1.5G"})
+        configured_buffer({"HCCL_BUFFSIZE": "1.5G"})
 
 
 def test_auto_margin():
-    assert hb.auto_buffer_mb(1317) == (1317 + 200, 200)  # 10% = 132 < 200
-    assert hb.auto_buffer_mb(3860) == (3860 + 386, 386)
+    assert auto_buffer_mb(1317) == (1317 + 200, 200)  # 10% = 132 < 200
+    assert auto_buffer_mb(3860) == (3860 + 386, 386)
 
 
 def test_ant_moving_limits():
-    assert hb.ant_moving_problems(hb.AntMoving(8, 512)) == []
-    assert hb.ant_moving_problems(hb.AntMoving(16, 8192)) == []  # product 131072 is the limit itself
-    assert any("131072" in p for p in hb.ant_moving_problems(hb.AntMoving(17, 8192)))
-    assert any("ROUND=0" in p for p in hb.ant_moving_problems(hb.AntMoving(0, 512)))
-    assert any("PER_ROUND_TOKENS=16" in p for p in hb.ant_moving_problems(hb.AntMoving(2, 16)))
+    assert ant_moving_problems(AntMoving(8, 512)) == []
+    assert ant_moving_problems(AntMoving(16, 8192)) == []  # product 131072 is the limit itself
+    assert any("131072" in p for p in ant_moving_problems(AntMoving(17, 8192)))
+    assert any("ROUND=0" in p for p in ant_moving_problems(AntMoving(0, 512)))
+    assert any("PER_ROUND_TOKENS=16" in p for p in ant_moving_problems(AntMoving(2, 16)))
 
 
 def test_model_shape_from_config():
     cfg = {"hidden_size": 7168, "num_experts_per_tok": 8, "n_routed_experts": 256, "n_shared_experts": 1}
-    assert hb.model_shape_from_config(cfg) == DSV32
-    assert hb.model_shape_from_config(cfg, redundant_experts=32).num_experts == 288
+    assert model_shape_from_config(cfg) == DSV32
+    assert model_shape_from_config(cfg, redundant_experts=32).num_experts == 288
     qwen = {"hidden_size": 4096, "num_experts_per_tok": 8, "num_experts": 128}
-    assert hb.model_shape_from_config(qwen).num_experts == 128
+    assert model_shape_from_config(qwen).num_experts == 128
     with pytest.raises(ValueError, match="n_routed_experts"):
-        hb.model_shape_from_config({"hidden_size": 5120, "num_experts_per_tok": 0})
+        model_shape_from_config({"hidden_size": 5120, "num_experts_per_tok": 0})
 
 
 def test_deepep_mode_auto_needs_both():
-    assert hb.dispatch_modes("auto") == ("normal", "low_latency")
-    assert hb.dispatch_modes("normal") == ("normal",)
-    assert hb.dispatch_modes("low_latency") == ("low_latency",)
+    assert dispatch_modes("auto") == ("normal", "low_latency")
+    assert dispatch_modes("normal") == ("normal",)
+    assert dispatch_modes("low_latency") == ("low_latency",)
 
 
 def test_layered_only_for_a2_beyond_one_server():
@@ -227,7 +230,13 @@ def test_buffer_model_imports_only_the_standard_library():
     import ast
     import sys
 
-    tree = ast.parse(open(hb.__file__, encoding="utf-8").read())
-    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
+    from sglang_edgeacc.ascend import buffer_setting, dispatch_inputs
+
+    model = {m.__name__: m for m in (hb, buffer_setting, dispatch_inputs)}
+    for module in model.values():
+        tree = ast.parse(open(module.__file__, encoding="utf-8").read())
+        imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        outside = {name for name in imported if name not in model}
+        tops = {name.split(".")[0] for name in outside}
+        assert tops <= set(sys.stdlib_module_names) | {"__future__"}, (module.__name__, outside)

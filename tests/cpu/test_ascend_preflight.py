@@ -16,6 +16,7 @@ import os
 import pytest
 
 from sglang_edgeacc.ascend import hccl_budget as hb
+from sglang_edgeacc.ascend.dispatch_inputs import ModelShape
 from sglang_edgeacc.ascend.launch_settings import LaunchArgumentsError, parse_tolerant
 from sglang_edgeacc.ascend.preflight_checks import run_preflight
 from sglang_edgeacc.ascend.preflight_report import FAIL, PASS, WARN
@@ -147,7 +148,7 @@ def test_a3_single_node_with_ant_moving_and_int8_dispatch():
     # 65536 / 16 = 4096 tokens per rank fit one default 8192 round: maxBs 4096, no ant-moving
     assert report.by_id("ant-moving").status == PASS
     assert report.by_id("hccl-buffer").status == FAIL
-    assert f"below the {hb.normal_requirement('a3', hb.ModelShape(7168, 8, 256), 16, 4096).required_mb} MB" in report.by_id("hccl-buffer").message
+    assert f"below the {hb.normal_requirement('a3', ModelShape(7168, 8, 256), 16, 4096).required_mb} MB" in report.by_id("hccl-buffer").message
     env.update({"DEEPEP_NORMAL_LONG_SEQ_ROUND": "8", "DEEPEP_NORMAL_LONG_SEQ_PER_ROUND_TOKENS": "512"})
     report = preflight(args, env, "dsv32_w8a8_mtp")
     assert report.by_id("ant-moving").status == PASS

@@ -8,6 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from sglang_edgeacc.tiny_model import model_dir
 
 PARSE = textwrap.dedent(
@@ -22,7 +24,8 @@ PARSE = textwrap.dedent(
 )
 
 
-def _parse(args: list[str], env_extra: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess:
+def _parse(args: list[str], env_extra: dict[str, str], tmp_path: Path,
+           device: tuple[str, ...] = ("--device", "cuda")) -> subprocess.CompletedProcess:
     empty_bin = tmp_path / "bin"
     empty_bin.mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "CUDA_MPS_", "PYTORCH_"))}
@@ -30,7 +33,7 @@ def _parse(args: list[str], env_extra: dict[str, str], tmp_path: Path) -> subpro
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{empty_bin}"
     env.update(env_extra)
     return subprocess.run(
-        [sys.executable, "-c", PARSE, "--model-path", str(model_dir()), "--device", "cuda", *args],
+        [sys.executable, "-c", PARSE, "--model-path", str(model_dir()), *device, *args],
         env=env, capture_output=True, text=True, timeout=300,
     )
 
@@ -41,6 +44,18 @@ def test_mps_split_without_a_daemon_is_refused_with_the_command_that_starts_one(
     assert "ACCEPTED" not in result.stdout
     assert "--edge-acc-sm-partition mps needs a running CUDA MPS control daemon" in result.stderr
     assert "--edge-acc-sm-partition none" in result.stderr
+
+
+@pytest.mark.parametrize("split", [(), ("--edge-acc-sm-partition", "none")], ids=["default", "time_sliced"])
+def test_a_launch_without_a_gpu_is_told_to_select_the_cpu_platform(tmp_path, split):
+    # No GPU, also on a GPU host; the device left to upstream's detection, as a user leaves it.
+    result = _parse(["--enable-edge-acc", *split], {"CUDA_VISIBLE_DEVICES": ""}, tmp_path, device=())
+    assert result.returncode != 0
+    assert "ACCEPTED" not in result.stdout
+    assert "--enable-edge-acc found no CUDA GPU on this host" in result.stderr, result.stderr[-2000:]
+    assert "SGLANG_PLATFORM=edgeacc_cpu" in result.stderr
+    # Not the MPS daemon's advice: time-slicing needs a GPU as much as the MPS split does.
+    assert "--edge-acc-sm-partition none" not in result.stderr
 
 
 def test_time_sliced_launch_needs_no_daemon_but_refuses_expandable_segments(tmp_path):

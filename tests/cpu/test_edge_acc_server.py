@@ -120,6 +120,10 @@ def test_edge_acc_matches_upstream(cpu_servers, launch):
     assert "[edgeacc decode tp0] prefill side pid" in log
     overlap = "--disable-overlap-schedule" not in args
     assert f"[edgeacc decode tp0] decode loop, overlap schedule {'on' if overlap else 'off'}" in log
+    # One startup line for the TP group, with every rank's pair of pids.
+    started = [line for line in log.splitlines() if "EdgeAcc on." in line]
+    tp = 2 if "--tp" in args else 1
+    assert len(started) == 1 and all(f"tp{rank}: decode side pid" in started[0] for rank in range(tp)), started
 
 
 def test_edge_acc_adaptive_split_matches_upstream(cpu_servers):
@@ -248,6 +252,47 @@ def test_edge_acc_metrics_on_upstream_endpoint(cpu_servers):
     for series in ("sglang_edgeacc_prefill_handoff_seconds", "sglang_edgeacc_prefill_batches",
                    "sglang_edgeacc_decode_running_requests", "sglang_edgeacc_sm_percent"):
         assert series in text, series
+
+
+def test_server_info_says_edge_acc_is_on_with_its_split_and_both_sides_pids(cpu_servers):
+    server = cpu_servers.get("--enable-edge-acc", "--enable-metrics")  # the launch of the test above
+    info = requests.get(f"{server.url}/get_server_info", timeout=30).json()
+    (state,) = info["internal_states"]  # one scheduler, one DP rank
+    entry = state["edge_acc"]
+    assert entry["enabled"] is True
+    assert entry["sm_partition"] == "mps"  # the default, as asked
+    cpu = "none (cpu platform has no SMs to split)"
+    assert entry["sm_split"] == {"mode": "none", "prefill": cpu, "decode": cpu,
+                                 "prefill_sm_percent": None, "decode_sm_percent": None}
+    decode_pid, prefill_pid = _side_pid(server, "decode"), _side_pid(server, "prefill")
+    assert entry["sides"] == [{"tp_rank": 0, "decode_pid": decode_pid, "prefill_pid": prefill_pid}]
+    # The startup log says the same in one INFO line.
+    started = [line for line in server.log_tail(10**7).splitlines() if "EdgeAcc on." in line]
+    assert len(started) == 1, started
+    assert started[0].endswith(
+        f"[edgeacc decode tp0] EdgeAcc on. SM split: {cpu}. "
+        f"tp0: decode side pid {decode_pid} (the scheduler), prefill side pid {prefill_pid}"), started
+
+
+# The mark a prefill side adds to upstream's log prefix: "[<time> TP0 edgeacc-prefill] ...".
+PREFILL_LINE = re.compile(r"\[[^\]]* edgeacc-prefill\] ")
+
+
+def test_every_prefill_side_line_says_it_is_the_prefill_side(cpu_servers):
+    server = cpu_servers.get("--enable-edge-acc", "--enable-metrics")
+    lines = server.log_tail(10**7).splitlines()
+    prefill = {line for line in lines if PREFILL_LINE.match(line)}
+    assert any(line.endswith("[edgeacc prefill tp0] ready") for line in prefill), "no prefill side line is marked"
+    # Upstream's own lines too, not only EdgeAcc's: both sides load a model.
+    loads = [line for line in lines if "Load weight end" in line]
+    assert len(loads) == 2 and len(prefill.intersection(loads)) == 1, loads
+    # A line that names a side comes from that side, the prefill side's SM split included.
+    assert any("[edgeacc decode tp0] prefill side's SM split: none" in line for line in lines)
+    for line in lines:
+        if "[edgeacc prefill" in line:
+            assert line in prefill, line
+        if "[edgeacc decode" in line:
+            assert line not in prefill, line
 
 
 def _random_checkpoint(directory, seed: int) -> str:

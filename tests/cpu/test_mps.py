@@ -204,22 +204,23 @@ def test_pipe_and_log_dir_flags_override_the_environment(mps_env, tmp_path):
 
 
 def test_require_daemon(mps_env, monkeypatch):
-    from sglang_edgeacc.mps import daemon as mps_mod
+    from sglang_edgeacc.mps.control import MpsDaemonNotRunning
+    from sglang_edgeacc.mps.launch_check import require_daemon
 
     monkeypatch.setenv("PATH", mps_env["PATH"])
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", mps_env["CUDA_MPS_PIPE_DIRECTORY"])
-    with pytest.raises(mps_mod.MpsDaemonNotRunning) as missing:
-        mps_mod.require_daemon()
+    with pytest.raises(MpsDaemonNotRunning) as missing:
+        require_daemon()
     assert "sglang-edgeacc mps start" in str(missing.value)
     assert mps_env["CUDA_MPS_PIPE_DIRECTORY"] in str(missing.value)
 
     assert mps(mps_env, "start").returncode == 0
-    mps_mod.require_daemon()  # answers now: no error
-    mps_mod.require_daemon(mps_env["CUDA_MPS_PIPE_DIRECTORY"])
+    require_daemon()  # answers now: no error
+    require_daemon(mps_env["CUDA_MPS_PIPE_DIRECTORY"])
 
     monkeypatch.setenv("PATH", "/nonexistent")
-    with pytest.raises(mps_mod.MpsDaemonNotRunning, match="not on PATH"):
-        mps_mod.require_daemon()
+    with pytest.raises(MpsDaemonNotRunning, match="not on PATH"):
+        require_daemon()
 
 
 def test_timeout_settings_are_validated(mps_env):
@@ -232,7 +233,7 @@ def test_timeout_settings_are_validated(mps_env):
 
 
 def test_parse_cuda_version():
-    from sglang_edgeacc.mps.daemon import parse_cuda_version
+    from sglang_edgeacc.mps.multiuser import parse_cuda_version
 
     header = "| NVIDIA-SMI 580.65.06   Driver Version: 580.65.06   CUDA Version: 13.0     |"
     assert parse_cuda_version(header) == (13, 0)

@@ -15,7 +15,8 @@ from sglang_edgeacc.edge_acc.ordering import (
     WriteFence,
     default_fence_mode,
 )
-from sglang_edgeacc.edge_acc.tensor_share import export_tensors, import_tensors
+from sglang_edgeacc.edge_acc.tensor_export import export_tensors
+from sglang_edgeacc.edge_acc.tensor_import import import_tensors
 
 TIMEOUT_S = 120
 HANDOFFS = 300

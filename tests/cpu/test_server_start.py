@@ -38,7 +38,7 @@ pytestmark = pytest.mark.server
 PLATFORM = os.environ.get("EDGEACC_TEST_PLATFORM", "cpu")
 ON_GPU = PLATFORM == "cuda"
 # Small pool and few graphs: these cases are about the start, not the serving.
-GPU_ARGS = ("--mem-fraction-static", "0.3", "--cuda-graph-max-bs", "4", "--edge-acc-sm-partition", "none")
+GPU_ARGS = ("--mem-fraction-static", "0.3", "--cuda-graph-max-bs-decode", "4", "--edge-acc-sm-partition", "none")
 EXIT_WITHIN_S = 10.0
 BIND_ERROR = "error while attempting to bind on address"
 
@@ -147,8 +147,9 @@ def test_a_decode_side_killed_during_a_dp_start_ends_it_within_10_s_with_its_pre
     server = _server("--dp", "2", "--enable-edge-acc", "--skip-server-warmup")
     server.launch()
     try:
-        found = _wait_until(lambda: _prefill_side_and_parent(server), STARTUP_TIMEOUT_S, poll_s=0.2)
-        assert found, f"no prefill side came up:\n{server.log_tail()}"
+        found = _wait_until(lambda: _prefill_side_and_parent(server) or server.proc.poll() is not None,
+                            STARTUP_TIMEOUT_S, poll_s=0.2)
+        assert found and found is not True, f"no prefill side came up:\n{server.log_tail()}"
         prefill, decode = found
         time.sleep(1.0)  # the guard notes processes and their names twice a second
         decode.send_signal(signal.SIGKILL)

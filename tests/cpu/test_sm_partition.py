@@ -12,6 +12,7 @@ import torch
 from sglang_edgeacc.edge_acc.sm_partition import (
     GREEN_CONTEXT_PERCENT_VAR,
     MPS_PERCENT_VAR,
+    SideSplit,
     SmPartitionError,
     apply_child_env,
     child_env,
@@ -19,6 +20,7 @@ from sglang_edgeacc.edge_acc.sm_partition import (
     green_context_stream,
     green_context_stream_from_env,
     green_contexts_available,
+    side_split,
     sm_count_for_percent,
 )
 
@@ -56,10 +58,26 @@ def test_bad_values_name_the_flag(role, percent, mode, needle):
         child_env(role, percent, mode)
 
 
-def test_the_split_is_logged_with_the_side_and_rank(caplog):
+def test_the_split_is_logged_under_the_prefix_of_the_process_that_prints_it(caplog):
+    # The decode side spawns its prefill side and prints the line: its role, not the prefill side's.
     with caplog.at_level(logging.INFO, logger="sglang_edgeacc.edge_acc.sm_partition"):
-        child_env("prefill", 30, "mps", tp_rank=3)
-    assert "[edgeacc prefill tp3] SM split: mps, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30" in caplog.text
+        child_env("prefill", 30, "mps", tp_rank=3, log_prefix="[edgeacc decode tp3]")
+        child_env("prefill", 30, "none", tp_rank=3)
+    assert "[edgeacc decode tp3] prefill side's SM split: mps, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30" in caplog.text
+    assert "[edgeacc tp3] prefill side's SM split: none (the two sides time-slice the whole GPU)" in caplog.text
+    assert "[edgeacc prefill" not in caplog.text
+
+
+def test_the_split_in_effect_is_described_after_any_fallback(monkeypatch):
+    import sglang_edgeacc.edge_acc.sm_partition as sm_partition
+
+    assert side_split("prefill", 60, "mps", device_type="cpu") == SideSplit(
+        "prefill", "none", None, {}, "none (cpu platform has no SMs to split)")
+    assert side_split("prefill", 40, "green-context").percent == 40
+    monkeypatch.setattr(sm_partition, "green_contexts_available", lambda: False)
+    fallback = side_split("prefill", 70, "adaptive")
+    assert (fallback.mode, fallback.percent, fallback.env) == ("mps", 70, {MPS_PERCENT_VAR: "70"})
+    assert "falling back to the fixed MPS split" in fallback.fallback
 
 
 def _report_env(conn) -> None:
@@ -131,3 +149,23 @@ def test_the_prefill_side_is_a_below_normal_mps_client_and_the_decode_side_norma
     assert mps_priority_env("prefill", "below-normal", "mps", device_type="cpu") == {}
     with pytest.raises(ValueError, match="--edge-acc-prefill-mps-priority"):
         mps_priority_env("prefill", "low", "mps")
+
+
+def test_a_gpu_split_as_server_info_and_the_startup_line_report_it():
+    from sglang_edgeacc.edge_acc_server.server_info import decode_side_split, edge_acc_entry, startup_line
+
+    launcher_set = {MPS_PERCENT_VAR: "100"}
+    decode = decode_side_split("mps", "cuda", launcher_set)
+    assert (decode.mode, decode.percent) == ("mps", 100)
+    # Green contexts confine only the prefill side; a time-sliced launch ignores a stray MPS variable.
+    assert decode_side_split("green-context", "cuda", {}).detail == "unconfined, the whole GPU"
+    assert decode_side_split("none", "cuda", launcher_set).percent is None
+    pairs = [{"tp_rank": 0, "decode_pid": 11, "prefill_pid": 12}, {"tp_rank": 1, "decode_pid": 21, "prefill_pid": 22}]
+    entry = edge_acc_entry("mps", side_split("prefill", 60, "mps"), decode, pairs, dp_rank=1)
+    assert entry["sm_split"] == {"mode": "mps", "prefill": f"mps, {MPS_PERCENT_VAR}=60",
+                                 "decode": f"mps, {MPS_PERCENT_VAR}=100", "prefill_sm_percent": 60,
+                                 "decode_sm_percent": 100}
+    assert startup_line(entry) == (
+        f"EdgeAcc on (dp1). SM split: prefill side mps, {MPS_PERCENT_VAR}=60; decode side mps, {MPS_PERCENT_VAR}=100. "
+        "tp0: decode side pid 11 (the scheduler), prefill side pid 12; "
+        "tp1: decode side pid 21 (the scheduler), prefill side pid 22")

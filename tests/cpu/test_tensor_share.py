@@ -19,16 +19,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from segment_pool import allocate_single_segment, kv_pool_layer_specs, layer_views  # noqa: E402
 
-from sglang_edgeacc.edge_acc.tensor_share import (  # noqa: E402
+from sglang_edgeacc.edge_acc.tensor_bundle import SharedTensors, SharedTensorsError  # noqa: E402
+from sglang_edgeacc.edge_acc.tensor_export import (  # noqa: E402
     AllocatorNotShareableError,
-    SharedTensors,
-    SharedTensorsError,
-    bind_into_module,
     export_tensors,
-    import_tensors,
     module_tensors,
     refuse_unshareable_cuda_allocator,
 )
+from sglang_edgeacc.edge_acc.tensor_import import bind_into_module, import_tensors  # noqa: E402
 
 PYTHON_DIR = Path(__file__).resolve().parents[2] / "python"
 TIMEOUT_S = 120
@@ -195,7 +193,7 @@ def test_bundle_crosses_a_plain_pipe_to_an_unrelated_process():
         f"""
         import pickle, sys, torch
         sys.path.insert(0, {str(PYTHON_DIR)!r})
-        from sglang_edgeacc.edge_acc.tensor_share import import_tensors
+        from sglang_edgeacc.edge_acc.tensor_import import import_tensors
         imported = import_tensors(pickle.loads(sys.stdin.buffer.read()))
         total = 0
         for name, view in imported.tensors.items():

@@ -85,7 +85,7 @@ def test_policy_moves_to_a_smaller_partition_when_decode_suffers(parts: GreenCon
     alone = _matmul_ms(decode_stream, dec_a, dec_a, reps=20)
     # ITL SLO between the decode time next to the largest and next to the smallest partition.
     policy = AdaptiveSplitPolicy(
-        AdaptiveSplitConfig(itl_slo_ms=alone * 1.6, ttft_slo_ms=1e9, window=8, min_decode_samples=4),
+        AdaptiveSplitConfig(itl_slo_ms=alone * 1.6, ttft_slo_ms=1e9),
         len(parts),
         initial_index=len(parts) - 1,
     )

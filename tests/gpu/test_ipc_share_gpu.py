@@ -39,12 +39,8 @@ from proof_support import (  # noqa: E402
 from segment_pool import allocate_single_segment, kv_pool_layer_specs  # noqa: E402
 
 from sglang_edgeacc.edge_acc.sm_partition import child_env, visible_sm_count  # noqa: E402
-from sglang_edgeacc.edge_acc.tensor_share import (  # noqa: E402
-    bind_into_module,
-    export_tensors,
-    import_tensors,
-    module_tensors,
-)
+from sglang_edgeacc.edge_acc.tensor_export import export_tensors, module_tensors  # noqa: E402
+from sglang_edgeacc.edge_acc.tensor_import import bind_into_module, import_tensors  # noqa: E402
 
 try:
     import pytest

@@ -25,7 +25,8 @@ from proof_support import Child, child_recv, child_send  # noqa: E402
 
 from sglang_edgeacc.edge_acc.ordering import ReadFence, WriteFence  # noqa: E402
 from sglang_edgeacc.edge_acc.sm_partition import child_env  # noqa: E402
-from sglang_edgeacc.edge_acc.tensor_share import export_tensors, import_tensors  # noqa: E402
+from sglang_edgeacc.edge_acc.tensor_export import export_tensors  # noqa: E402
+from sglang_edgeacc.edge_acc.tensor_import import import_tensors  # noqa: E402
 
 try:
     import pytest

@@ -19,6 +19,8 @@ import json
 import sys
 
 from sglang_edgeacc.ascend import hccl_budget as hb
+from sglang_edgeacc.ascend.buffer_setting import auto_buffer_mb
+from sglang_edgeacc.ascend.dispatch_inputs import DEFAULT_ANT_MOVING, AntMoving, ModelShape, ant_moving_problems
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,7 +56,7 @@ def compute(args: argparse.Namespace) -> hb.Requirement:
     if args.hardware == "a2" and args.nodes > 1 and ranks <= hb.A2_RANKS_PER_NODE:
         raise ValueError(f"--ranks {ranks} on --nodes {args.nodes}: an A2 node holds {hb.A2_RANKS_PER_NODE} ranks, "
                          f"so {args.nodes} nodes are {args.nodes * hb.A2_RANKS_PER_NODE}")
-    shape = hb.ModelShape(args.hidden_size, args.topk, args.num_experts, args.shared_experts)
+    shape = ModelShape(args.hidden_size, args.topk, args.num_experts, args.shared_experts)
     if args.mode == "normal":
         if args.int8_dispatch:
             # The normal dispatch slot is sized for bf16 either way; say so instead of silently ignoring it.
@@ -62,14 +64,14 @@ def compute(args: argparse.Namespace) -> hb.Requirement:
                   file=sys.stderr)
         ant = None
         if args.ant_moving:
-            ant = hb.AntMoving(*args.ant_moving)
-            problems = hb.ant_moving_problems(ant)
+            ant = AntMoving(*args.ant_moving)
+            problems = ant_moving_problems(ant)
             if problems:
                 raise ValueError("; ".join(problems))
             if args.tokens_per_rank > ant.capacity:
                 raise ValueError(
                     f"--tokens-per-rank {args.tokens_per_rank} exceeds ROUND x PER_ROUND_TOKENS = {ant.capacity}")
-        elif args.tokens_per_rank > hb.DEFAULT_ANT_MOVING.capacity and not hb.is_layered(args.hardware, ranks):
+        elif args.tokens_per_rank > DEFAULT_ANT_MOVING.capacity and not hb.is_layered(args.hardware, ranks):
             raise ValueError(
                 f"--tokens-per-rank {args.tokens_per_rank} exceeds one 8192-token round; "
                 "add --ant-moving ROUNDS PER_ROUND_TOKENS with ROUNDS x PER_ROUND_TOKENS >= it"
@@ -87,7 +89,7 @@ def compute(args: argparse.Namespace) -> hb.Requirement:
 
 
 def render(req: hb.Requirement) -> str:
-    auto, margin = hb.auto_buffer_mb(req.required_mb)
+    auto, margin = auto_buffer_mb(req.required_mb)
     width = max(len(t.name) for t in req.terms)
     lines = [f"HCCL_BUFFSIZE >= {req.required_mb} MB  ({req.path}, {req.tokens_per_rank} tokens per rank)"]
     for t in req.terms:
@@ -106,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.json:
         out = req.to_dict()
-        out["suggested_mb"] = hb.auto_buffer_mb(req.required_mb)[0]
+        out["suggested_mb"] = auto_buffer_mb(req.required_mb)[0]
         print(json.dumps(out, indent=2))
     else:
         print(render(req))

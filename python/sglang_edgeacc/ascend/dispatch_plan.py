@@ -1,6 +1,6 @@
 """How many tokens each rank dispatches through DeepEP for a launch, and the HCCL buffer that takes.
 
-The checks in :mod:`.preflight_checks` compare these numbers with the limits of
+The checks in :mod:`.dispatch_checks` compare these numbers with the limits of
 the kernels, so they are derived the way sglang 0.5.23 schedules the tokens:
 
 * normal (prefill) dispatch: one prefill batch of a DP rank holds at most
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from sglang_edgeacc.ascend import hccl_budget as hb
+from sglang_edgeacc.ascend.dispatch_inputs import AntMoving, ModelShape
 from sglang_edgeacc.ascend.launch_settings import LaunchSettings
 
 ANT_ROUND = "DEEPEP_NORMAL_LONG_SEQ_ROUND"
@@ -38,6 +39,15 @@ NPU_DEFAULT_GRAPH_MAX_BS_SMALL_TP = 64
 NPU_DEFAULT_GRAPH_MAX_BS = 256
 # sglang's default speculative setting for DeepSeek NEXTN (3 steps, top-k 1, 4 draft tokens).
 DEFAULT_DRAFT_TOKENS = 4
+
+
+def dispatch_modes(deepep_mode: str) -> tuple[str, ...]:
+    """The dispatch kinds a ``--deepep-mode`` value uses; ``auto`` uses both on one communicator."""
+    if deepep_mode == "normal":
+        return ("normal",)
+    if deepep_mode == "low_latency":
+        return ("low_latency",)
+    return ("normal", "low_latency")
 
 
 def env_truthy(value: Optional[str]) -> bool:
@@ -112,7 +122,7 @@ def _graph_tokens(s: LaunchSettings) -> tuple[Optional[int], str]:
 
 def plan_dispatch(s: LaunchSettings, env: Mapping[str, str], hardware: str) -> DispatchPlan:
     ranks = max(1, s.tp_size)
-    modes = hb.dispatch_modes(s.deepep_mode)
+    modes = dispatch_modes(s.deepep_mode)
     # A PD prefill instance never decodes and a decode instance never prefills, whatever auto would allow.
     if s.disaggregation_mode == "prefill":
         modes = tuple(m for m in modes if m == "normal") or modes
@@ -141,7 +151,7 @@ def plan_dispatch(s: LaunchSettings, env: Mapping[str, str], hardware: str) -> D
     )
 
 
-def read_ant_moving(env: Mapping[str, str]) -> tuple[Optional[hb.AntMoving], list[str]]:
+def read_ant_moving(env: Mapping[str, str]) -> tuple[Optional[AntMoving], list[str]]:
     """(values, problems reading them). None with no problem means both unset."""
     r_raw, t_raw = env.get(ANT_ROUND), env.get(ANT_TOKENS)
     if not r_raw and not t_raw:
@@ -153,13 +163,13 @@ def read_ant_moving(env: Mapping[str, str]) -> tuple[Optional[hb.AntMoving], lis
             "deep_ep.cpp asserts they are set together"
         ]
     try:
-        return hb.AntMoving(int(r_raw), int(t_raw)), []
+        return AntMoving(int(r_raw), int(t_raw)), []
     except ValueError:
         return None, [f"{ANT_ROUND}={r_raw!r} and {ANT_TOKENS}={t_raw!r} must be integers"]
 
 
 def buffer_requirements(
-    plan: DispatchPlan, hardware: str, shape: hb.ModelShape, ant: Optional[hb.AntMoving]
+    plan: DispatchPlan, hardware: str, shape: ModelShape, ant: Optional[AntMoving]
 ) -> dict[str, hb.Requirement]:
     """The HCCL buffer each dispatch mode of the plan needs, keyed by mode."""
     out = {}

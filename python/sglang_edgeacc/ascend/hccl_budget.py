@@ -15,38 +15,30 @@ Sources (sgl-kernel-npu, tag 20260821):
 * low-latency dispatch: ``moe_distribute_dispatch_v2_tiling`` (A3, A2 one node),
   the A2 non-layered kernel assert and the A2 layered kernel assert.
 
-Only the standard library is imported, so this runs anywhere (the CLI, the
-preflight inside the launcher, a laptop).
+The inputs (model shape, ant-moving) are in :mod:`.dispatch_inputs`; the
+buffer a launch sets, and what automatic sizing exports, in
+:mod:`.buffer_setting`. Only the standard library and :mod:`.dispatch_inputs`
+are imported, so this runs anywhere (the CLI, the preflight inside the
+launcher, a laptop).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Literal, Mapping, Optional
+from typing import Literal, Optional
+
+from sglang_edgeacc.ascend.dispatch_inputs import DEFAULT_ANT_MOVING, AntMoving, ModelShape
 
 Hardware = Literal["a2", "a3"]
 DispatchMode = Literal["normal", "low_latency"]
 HARDWARE_CHOICES: tuple[str, ...] = ("a2", "a3")
 
 MB = 1024 * 1024
-# HCCL_BUFFSIZE when neither DEEPEP_HCCL_BUFFSIZE nor HCCL_BUFFSIZE is set
-# (CANN default; sglang's get_torch_distributed_pg_options uses the same).
-DEFAULT_HCCL_BUFFSIZE_MB = 200
-# The kernels parse the value with std::stoi into a uint16_t: larger values wrap.
-MAX_HCCL_BUFFSIZE_MB = 65535
 
 # An A2 server holds 8 NPUs in one HCCS domain; more ranks mean the layered
 # (RDMA between servers) kernels. A3 superpods keep one domain for any size.
 A2_RANKS_PER_NODE = 8
 A3_RANKS_PER_NODE = 16  # 8 cards x 2 dies; each die is one rank
-
-# Ant-moving (DEEPEP_NORMAL_LONG_SEQ_*), deep_ep.cpp Buffer::Buffer.
-ANT_MOVING_DEFAULT_ROUNDS = 1
-ANT_MOVING_DEFAULT_PER_ROUND_TOKENS = 8192
-ANT_MOVING_ROUNDS_RANGE = (1, 256)
-ANT_MOVING_PER_ROUND_TOKENS_RANGE = (32, 8192)
-ANT_MOVING_MAX_TOTAL_TOKENS = 131072
 
 # Normal dispatch, per-token slot (cam_moe_dispatch_normal_tiling.cc).
 # The dispatch slot is sized for a bf16 token even when the payload is int8.
@@ -74,15 +66,6 @@ A2_NONLAYERED_LL_STATE = 2 * MB
 LL_DEFAULT_MAX_DISPATCH_TOKENS_PER_RANK = 128
 LL_MAX_DISPATCH_TOKENS_PER_RANK = 1024
 
-# Automatic sizing: the requirement plus max(AUTO_MARGIN_MIN_MB, AUTO_MARGIN_FRACTION).
-# 200 MB covers the older sgl-kernel-npu wheels, whose notify window was 204 MB
-# instead of 102 MB (A3) and whose constants changed five times in 2025-26; the
-# 10% covers the A2 layered dispatch, which splits whatever lies beyond its
-# fixed 804 MB into per-(expert, source rank) slots and so wants headroom when
-# the routing is unbalanced.
-AUTO_MARGIN_MIN_MB = 200
-AUTO_MARGIN_FRACTION = 0.10
-
 
 class UnsupportedDispatch(ValueError):
     """The requested dispatch path does not exist in the kernels (e.g. ant-moving on A2 two nodes)."""
@@ -95,87 +78,6 @@ def align_up(value: int, alignment: int) -> int:
 def bytes_to_mb(value: int) -> int:
     """Smallest whole MB value of HCCL_BUFFSIZE that holds ``value`` bytes."""
     return -(-value // MB)
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What the MoE dispatch of a model depends on (from its config.json)."""
-
-    hidden_size: int
-    topk: int  # num_experts_per_tok
-    num_experts: int  # routed experts, plus redundant ones (EPLB) if any
-    shared_expert_num: int = 0  # shared experts dispatched through the A2A (sglang: none)
-
-    def __post_init__(self) -> None:
-        for name in ("hidden_size", "topk", "num_experts"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.shared_expert_num < 0:
-            raise ValueError(f"shared_expert_num must be >= 0, got {self.shared_expert_num}")
-
-
-def model_shape_from_config(config: Mapping[str, object], redundant_experts: int = 0) -> ModelShape:
-    """Read the dispatch shape from a Hugging Face ``config.json`` mapping.
-
-    Routed experts are ``n_routed_experts`` (DeepSeek), ``num_experts`` (Qwen-MoE)
-    or ``num_local_experts`` (Mixtral); EPLB's redundant experts add slots to the
-    same window. Shared experts run locally in sglang, not through the A2A.
-    """
-    text_config = config.get("text_config")
-    if isinstance(text_config, Mapping) and "hidden_size" not in config:
-        config = text_config
-    missing = []
-    hidden = config.get("hidden_size")
-    topk = config.get("num_experts_per_tok")
-    experts = next(
-        (config[key] for key in ("n_routed_experts", "num_experts", "num_local_experts") if config.get(key)),
-        None,
-    )
-    if not hidden:
-        missing.append("hidden_size")
-    if not topk:
-        missing.append("num_experts_per_tok")
-    if not experts:
-        missing.append("n_routed_experts/num_experts")
-    if missing:
-        raise ValueError(
-            f"config.json lacks {', '.join(missing)}: it is not a MoE model DeepEP can dispatch "
-            "(or pass the shape by hand to `sglang-edgeacc hccl-budget`)."
-        )
-    return ModelShape(
-        hidden_size=int(hidden), topk=int(topk), num_experts=int(experts) + int(redundant_experts)
-    )
-
-
-@dataclass(frozen=True)
-class AntMoving:
-    """DEEPEP_NORMAL_LONG_SEQ_ROUND x DEEPEP_NORMAL_LONG_SEQ_PER_ROUND_TOKENS."""
-
-    rounds: int
-    per_round_tokens: int
-
-    @property
-    def capacity(self) -> int:
-        return self.rounds * self.per_round_tokens
-
-
-DEFAULT_ANT_MOVING = AntMoving(ANT_MOVING_DEFAULT_ROUNDS, ANT_MOVING_DEFAULT_PER_ROUND_TOKENS)
-
-
-def ant_moving_problems(ant: AntMoving) -> list[str]:
-    """Why deep_ep.cpp's Buffer constructor would reject these values (empty when it accepts them)."""
-    problems = []
-    lo, hi = ANT_MOVING_ROUNDS_RANGE
-    if not lo <= ant.rounds <= hi:
-        problems.append(f"DEEPEP_NORMAL_LONG_SEQ_ROUND={ant.rounds} is outside [{lo}, {hi}]")
-    lo, hi = ANT_MOVING_PER_ROUND_TOKENS_RANGE
-    if not lo <= ant.per_round_tokens <= hi:
-        problems.append(f"DEEPEP_NORMAL_LONG_SEQ_PER_ROUND_TOKENS={ant.per_round_tokens} is outside [{lo}, {hi}]")
-    if ant.capacity > ANT_MOVING_MAX_TOTAL_TOKENS:
-        problems.append(
-            f"ROUND x PER_ROUND_TOKENS = {ant.capacity} exceeds {ANT_MOVING_MAX_TOTAL_TOKENS} (MAX_TOTAL_TOKENS)"
-        )
-    return problems
 
 
 @dataclass(frozen=True)
@@ -402,50 +304,3 @@ def low_latency_requirement(
         ),
     )
     return max(tiling, kernel, key=lambda r: r.required_bytes)
-
-
-@dataclass(frozen=True)
-class BufferSetting:
-    """The HCCL_BUFFSIZE DeepEP's communicator gets, and where it came from."""
-
-    mb: int
-    source: str  # "DEEPEP_HCCL_BUFFSIZE", "HCCL_BUFFSIZE" or "default"
-    raw: Optional[str] = None
-
-    @property
-    def explicit(self) -> bool:
-        return self.source != "default"
-
-
-def configured_buffer(env: Mapping[str, str]) -> BufferSetting:
-    """DEEPEP_HCCL_BUFFSIZE, else HCCL_BUFFSIZE, else 200 (the order DeepEP and sglang read them).
-
-    A value that is not a positive integer raises ValueError naming the variable.
-    """
-    for name in ("DEEPEP_HCCL_BUFFSIZE", "HCCL_BUFFSIZE"):
-        raw = env.get(name)
-        # sglang's `os.environ.get(...) or ...` skips an empty string, so do we.
-        if raw:
-            try:
-                value = int(raw.strip())
-            except ValueError:
-                raise ValueError(f"{name}={raw!r} is not an integer number of MB; export {name}=<MB>") from None
-            if value <= 0:
-                raise ValueError(f"{name}={raw!r} must be a positive number of MB")
-            return BufferSetting(value, name, raw)
-    return BufferSetting(DEFAULT_HCCL_BUFFSIZE_MB, "default")
-
-
-def auto_buffer_mb(required_mb: int) -> tuple[int, int]:
-    """(value to export, margin included) for automatic sizing."""
-    margin = max(AUTO_MARGIN_MIN_MB, math.ceil(required_mb * AUTO_MARGIN_FRACTION))
-    return required_mb + margin, margin
-
-
-def dispatch_modes(deepep_mode: str) -> tuple[str, ...]:
-    """The dispatch kinds a ``--deepep-mode`` value uses; ``auto`` uses both on one communicator."""
-    if deepep_mode == "normal":
-        return ("normal",)
-    if deepep_mode == "low_latency":
-        return ("low_latency",)
-    return ("normal", "low_latency")

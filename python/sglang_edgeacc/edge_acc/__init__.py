@@ -1,8 +1,9 @@
 """EdgeAcc: intra-GPU prefill/decode disaggregation mechanisms (torch and the standard library only).
 
-* ``tensor_share``: export/import named tensors (weights, KV pool, req_to_token) between the
+* ``tensor_share``: how named tensors (weights, KV pool, req_to_token) are shared between the
   decode side (owner) and the prefill side (importer) with zero copies; CUDA IPC on GPUs,
-  shared-memory files on the CPU.
+  shared-memory files on the CPU. ``tensor_export`` is the owner's side, ``tensor_import``
+  the importer's, ``tensor_bundle`` the picklable bundle between them.
 * ``ordering``: explicit cross-process GPU ordering (interprocess CUDA events in a ring, or a
   host synchronisation), no-ops on the CPU.
 * ``sm_partition``: the environment each side is spawned with for its SM share (MPS thread
@@ -12,6 +13,8 @@
   least-priority top) the adaptive split runs prefill batches on.
 * ``adaptive_split``: the policy that picks a partition per prefill batch from the decode
   side's step times, its load and the SLOs (standard library only).
+* ``adaptive_table``: the decode-step times it keeps per (decode load, partition), and what they
+  predict for a partition not measured at the load now (standard library only).
 
 None of these modules imports sglang, so they run from the repository with ``PYTHONPATH=python``.
 The MPS control daemon the SM splits need has its own subpackage, :mod:`sglang_edgeacc.mps`.

@@ -35,7 +35,7 @@ def default_sm_counts(total_sms: int, minimum: int, multiple: int, count: int = 
 
     Multiples of ``multiple``. The top count (the largest multiple below ``total_sms``,
     128 of 132 on an H200) is there because 7/8 (112 SMs) reached only 13.5 k prefill
-    tok/s where chunked prefill reaches 16-20 k (``benchmarks/adaptive_split.py``).
+    tok/s where chunked prefill reaches 16-20 k (measured with a standalone benchmark now in git history).
     """
     if count < 1:
         raise ValueError(f"need at least one partition, got {count}")
@@ -80,7 +80,7 @@ class GreenContextPartitions:
     Index 0 is the smallest. With ``whole_gpu_top`` the last index is not a green
     context but :func:`whole_gpu_low_priority_stream` (all SMs, least priority):
     above the largest green context there is otherwise no split point at all,
-    while chunked prefill reaches higher prefill throughput (``benchmarks/adaptive_split.py``).
+    while chunked prefill reaches higher prefill throughput (measured with a standalone benchmark now in git history).
     Keep the object alive while its streams are in use.
     """
 

@@ -69,6 +69,61 @@ def _validate(role: str, percent: int, mode: str) -> None:
         raise ValueError(f"{_PERCENT_FLAGS[role]} must be an integer from 1 to 100, got {percent!r}")
 
 
+@dataclass(frozen=True)
+class SideSplit:
+    """The SM split one side is spawned with: what is in effect and the variables that set it."""
+
+    role: str
+    # In effect, after any fallback: "mps", "green-context", "adaptive" or "none".
+    mode: str
+    # The side's fixed share of SMs; None where no fixed share applies (none, adaptive).
+    percent: Optional[int]
+    env: dict[str, str]
+    # One phrase for the logs and /get_server_info.
+    detail: str
+    # Why the split asked for could not be made, where it could not.
+    fallback: Optional[str] = None
+
+    def log(self, log_prefix: str) -> None:
+        """Log the split under the prefix of the process that prints it (the side's spawner)."""
+        if self.fallback:
+            logger.warning("%s %s", log_prefix, self.fallback)
+        logger.info("%s %s side's SM split: %s", log_prefix, self.role, self.detail)
+
+
+def side_split(role: str, percent: int, mode: str, *, device_type: str = "cuda") -> SideSplit:
+    """The SM split a side to be spawned gets, without logging it (:meth:`SideSplit.log`).
+
+    Merge ``env`` into the child's environment before it initializes CUDA.
+    ``mps`` always sets the variable, also at 100, so that a value inherited from
+    the launcher cannot leak into the wrong side.
+    """
+    _validate(role, percent, mode)
+    if device_type != "cuda":
+        return SideSplit(role, "none", None, {}, f"none ({device_type} platform has no SMs to split)")
+    if mode == "mps":
+        return SideSplit(role, "mps", percent, {MPS_PERCENT_VAR: str(percent)}, f"mps, {MPS_PERCENT_VAR}={percent}")
+    if mode == "adaptive":
+        if not green_contexts_available():
+            # Decided here, before the side starts: an MPS percentage must be in its
+            # environment before it initializes CUDA, and it is the fixed split.
+            why = (
+                f"--edge-acc-sm-partition adaptive needs torch.cuda.green_contexts (torch {torch.__version__} here "
+                f"lacks it); falling back to the fixed MPS split, {MPS_PERCENT_VAR}={percent} "
+                f"(--edge-acc-prefill-sm-percent). Install a torch with green contexts (2.9 or newer) for the "
+                f"adaptive split"
+            )
+            return SideSplit(role, "mps", percent, {MPS_PERCENT_VAR: str(percent)},
+                             f"mps, {MPS_PERCENT_VAR}={percent} (adaptive is not available)", fallback=why)
+        # An MPS percentage would forbid green contexts: the side runs unlimited and
+        # confines each batch to the partition the adaptive policy picks.
+        return SideSplit(role, "adaptive", None, {}, "adaptive green-context partitions, no fixed cap")
+    if mode == "green-context":
+        return SideSplit(role, "green-context", percent, {GREEN_CONTEXT_PERCENT_VAR: str(percent)},
+                         f"green-context, {percent}% of SMs on a green-context stream")
+    return SideSplit(role, "none", None, {}, "none (the two sides time-slice the whole GPU)")
+
+
 def child_env(
     role: str,
     percent: int,
@@ -76,41 +131,16 @@ def child_env(
     *,
     tp_rank: int = 0,
     device_type: str = "cuda",
+    log_prefix: Optional[str] = None,
 ) -> dict[str, str]:
-    """The environment variables a spawned EdgeAcc side needs for its SM share.
+    """The environment variables a spawned EdgeAcc side needs for its SM share (:func:`side_split`).
 
-    Merge the result into the child's environment before it initializes CUDA.
-    ``mps`` always sets the variable, also at 100, so that a value inherited from
-    the launcher cannot leak into the wrong side.
+    The split is logged under ``log_prefix``, the prefix of the process that
+    spawns the side and prints the line, not of the side it describes.
     """
-    _validate(role, percent, mode)
-    prefix = _log_prefix(role, tp_rank)
-    if device_type != "cuda":
-        logger.info("%s SM split: none (%s platform has no SMs to split)", prefix, device_type)
-        return {}
-    if mode == "mps":
-        logger.info("%s SM split: mps, %s=%d", prefix, MPS_PERCENT_VAR, percent)
-        return {MPS_PERCENT_VAR: str(percent)}
-    if mode == "adaptive":
-        if not green_contexts_available():
-            # Checked here, before the side starts: an MPS percentage must be in its
-            # environment before it initializes CUDA, and it is the fixed split.
-            logger.warning(
-                "%s --edge-acc-sm-partition adaptive needs torch.cuda.green_contexts (torch %s here lacks "
-                "it); falling back to the fixed MPS split, %s=%d (--edge-acc-prefill-sm-percent). Install "
-                "a torch with green contexts (2.9 or newer) for the adaptive split",
-                prefix, torch.__version__, MPS_PERCENT_VAR, percent,
-            )
-            return {MPS_PERCENT_VAR: str(percent)}
-        # An MPS percentage would forbid green contexts: the side runs unlimited and
-        # confines each batch to the partition the adaptive policy picks.
-        logger.info("%s SM split: adaptive green-context partitions, no fixed cap", prefix)
-        return {}
-    if mode == "green-context":
-        logger.info("%s SM split: green-context, %d%% of SMs on a green-context stream", prefix, percent)
-        return {GREEN_CONTEXT_PERCENT_VAR: str(percent)}
-    logger.info("%s SM split: none (the two sides time-slice the whole GPU)", prefix)
-    return {}
+    split = side_split(role, percent, mode, device_type=device_type)
+    split.log(log_prefix or f"[edgeacc tp{tp_rank}]")
+    return split.env
 
 
 def mps_priority_env(role: str, priority: str, mode: str, *, device_type: str = "cuda") -> dict[str, str]:
@@ -291,6 +321,7 @@ __all__ = [
     "ROLES",
     "GREEN_CONTEXT_MODES",
     "SM_PARTITION_MODES",
+    "SideSplit",
     "SmPartitionError",
     "apply_child_env",
     "child_env",
@@ -298,6 +329,7 @@ __all__ = [
     "green_context_stream",
     "green_context_stream_from_env",
     "green_contexts_available",
+    "side_split",
     "sm_count_for_percent",
     "sm_granularity",
     "visible_sm_count",

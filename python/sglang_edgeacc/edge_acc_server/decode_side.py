@@ -14,6 +14,7 @@ is the :class:`~sglang_edgeacc.edge_acc_server.prefill_link.PrefillLink`'s.
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import torch
@@ -28,6 +29,7 @@ from sglang_edgeacc.edge_acc_server.metrics import EdgeAccStats
 from sglang_edgeacc.edge_acc_server.prefill_link import InflightPrefill, PrefillLink
 from sglang_edgeacc.edge_acc_server.messages import PrefillResult
 from sglang_edgeacc.edge_acc_server.scheduler import EdgeAccSchedulerBase
+from sglang_edgeacc.edge_acc_server.server_info import decode_side_split, edge_acc_entry, gather_pairs, startup_line
 from sglang_edgeacc.flags import get_flags
 
 logger = logging.getLogger(__name__)
@@ -88,6 +90,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         self.decode_step_times = DecodeStepTimes(enabled=flags.edge_acc_sm_partition == "adaptive")
         self.decode_pacer = DecodePacer(flags.edge_acc_itl_slo_ms if flags.edge_acc_decode_pacing == "on" else 0.0)
         self._edge_spawn_after_capture = False
+        self._edge_server_info = {"enabled": True}  # completed once the prefill side is ready
         super().__init__(server_args, port_args, *args, **kwargs)
         if _metrics_enabled():
             self.edge_acc_stats.enable_prometheus(
@@ -123,6 +126,32 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         if self._edge_spawn_after_capture:
             self._edge_spawn_prefill_side()
         self.prefill_link.wait_ready()
+        self._edge_describe_sides()
+
+    def _edge_describe_sides(self) -> None:
+        """What /get_server_info reports of this group, said once in the startup log too.
+
+        Every rank of the attention-TP group gathers the group's pids here, at the same
+        point of its start: whichever rank answers the internal-state query knows them all.
+        """
+        import torch.distributed as dist
+
+        link = self.prefill_link
+        flags = get_flags(self.server_args)
+        device_type = torch.device(self.tp_worker.model_runner.device).type
+        group = get_parallel().attn_tp_group.cpu_group
+        pairs = gather_pairs({"tp_rank": link.ranks.tp_rank, "decode_pid": os.getpid(),
+                              "prefill_pid": link.prefill_pid}, group)
+        self._edge_server_info = edge_acc_entry(
+            flags.edge_acc_sm_partition, link.split, decode_side_split(flags.edge_acc_sm_partition, device_type),
+            pairs, link.ranks.dp_rank)
+        if len(pairs) == 1 or dist.get_rank(group=group) == 0:
+            logger.info("%s %s", self._edge_log_prefix(), startup_line(self._edge_server_info))
+
+    def get_internal_state(self, recv_req):
+        reply = super().get_internal_state(recv_req)
+        reply.internal_state["edge_acc"] = self._edge_server_info
+        return reply
 
     def init_weight_updater(self) -> None:
         super().init_weight_updater()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from sglang_edgeacc.edge_acc.ordering import OrderingToken
-from sglang_edgeacc.edge_acc.tensor_share import SharedTensors
+from sglang_edgeacc.edge_acc.tensor_bundle import SharedTensors
 
 
 @dataclass(frozen=True)

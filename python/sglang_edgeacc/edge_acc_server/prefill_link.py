@@ -22,7 +22,7 @@ from typing import Callable, Optional
 import torch
 
 from sglang_edgeacc.edge_acc.ordering import WriteFence
-from sglang_edgeacc.edge_acc.sm_partition import child_env, environment_for_child, mps_priority_env
+from sglang_edgeacc.edge_acc.sm_partition import SideSplit, environment_for_child, mps_priority_env, side_split
 from sglang_edgeacc.edge_acc_server import roles
 from sglang_edgeacc.edge_acc_server.channel import PeerLost, PendingSend, SideChannel, new_endpoint
 from sglang_edgeacc.edge_acc_server.child_failure import fail_on_prefill_side_sigquit
@@ -78,6 +78,8 @@ class PrefillLink:
         self._decode_port_args = decode_port_args
         self._log_prefix = log_prefix
         self.ranks: Optional[SpawnRanks] = None
+        self.split: Optional[SideSplit] = None  # the prefill side's SM split, once spawned
+        self.prefill_pid: Optional[int] = None  # once it reported ready
         self._channel: Optional[SideChannel] = None
         self._proc = None  # multiprocessing.Process of the prefill side
         self._fence: Optional[WriteFence] = None
@@ -122,12 +124,14 @@ class PrefillLink:
         self._channel = SideChannel(endpoint, bind=True)
 
         device_type = torch.device(model_runner.device).type
+        self.split = side_split(roles.PREFILL, flags.edge_acc_prefill_sm_percent, flags.edge_acc_sm_partition,
+                                device_type=device_type)
+        self.split.log(self._log_prefix())  # printed here, on the decode side, so under its prefix
         env = {
             roles.ROLE_ENV: roles.PREFILL,
             roles.CHANNEL_ENV: endpoint,
             roles.DECODE_PID_ENV: str(os.getpid()),
-            **child_env(roles.PREFILL, flags.edge_acc_prefill_sm_percent, flags.edge_acc_sm_partition,
-                        tp_rank=ranks.tp_rank, device_type=device_type),
+            **self.split.env,
             **mps_priority_env(roles.PREFILL, flags.edge_acc_prefill_mps_priority, flags.edge_acc_sm_partition,
                                device_type=device_type),
         }
@@ -174,6 +178,7 @@ class PrefillLink:
         ready = self._channel.recv(timeout_s=PREFILL_START_TIMEOUT_S, peer_alive=alive, what="PrefillReady")
         assert isinstance(ready, PrefillReady), type(ready)
         self._fence = WriteFence(self._device)
+        self.prefill_pid = ready.pid
         logger.info("%s prefill side pid %d is ready", self._log_prefix(), ready.pid)
 
     # ----------------------------------------------------------------- running

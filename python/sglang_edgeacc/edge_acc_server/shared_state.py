@@ -26,7 +26,8 @@ import torch
 from dataclasses import dataclass
 from typing import Optional
 
-from sglang_edgeacc.edge_acc.tensor_share import ImportedTensors, export_tensors, module_tensors
+from sglang_edgeacc.edge_acc.tensor_export import export_tensors, module_tensors
+from sglang_edgeacc.edge_acc.tensor_import import ImportedTensors
 from sglang_edgeacc.edge_acc_server.messages import SharedState
 
 logger = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ import torch
 
 from sglang.srt.model_loader.loader import BaseModelLoader
 
-from sglang_edgeacc.edge_acc.tensor_share import bind_into_module
+from sglang_edgeacc.edge_acc.tensor_import import bind_into_module
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,18 @@ import json
 import os
 import sys
 
-from sglang_edgeacc.mps import daemon
+from sglang_edgeacc.mps.control import (
+    DEFAULT_LOG_DIR,
+    DEFAULT_PIPE_DIR,
+    DEFAULT_TIMEOUT_S,
+    LOG_DIR_ENV,
+    PIPE_DIR_ENV,
+    MpsError,
+    resolve_dirs,
+)
+from sglang_edgeacc.mps.daemon import start_daemon, stop_daemon
+from sglang_edgeacc.mps.multiuser import MULTIUSER_MODES
+from sglang_edgeacc.mps.status import MpsStatus, read_status
 
 STATUS_NOT_ANSWERING = 3
 # Lets scripts/sglang_launch_server.sh users on slow hosts raise every timeout at once.
@@ -27,17 +38,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--pipe-dir",
         default=None,
-        help=f"MPS pipe directory (default: ${daemon.PIPE_DIR_ENV}, else {daemon.DEFAULT_PIPE_DIR}); "
+        help=f"MPS pipe directory (default: ${PIPE_DIR_ENV}, else {DEFAULT_PIPE_DIR}); "
         "the server must run with the same CUDA_MPS_PIPE_DIRECTORY",
     )
     parser.add_argument(
         "--log-dir",
         default=None,
-        help=f"MPS log directory for start (default: ${daemon.LOG_DIR_ENV}, else {daemon.DEFAULT_LOG_DIR})",
+        help=f"MPS log directory for start (default: ${LOG_DIR_ENV}, else {DEFAULT_LOG_DIR})",
     )
     parser.add_argument(
         "--multiuser-server",
-        choices=daemon.MULTIUSER_MODES,
+        choices=MULTIUSER_MODES,
         default="auto",
         help="start: pass --multiuser-server to the daemon; auto = when the daemon's --help lists it, "
         "else when the driver's CUDA version is >= 12.8",
@@ -53,11 +64,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="seconds allowed for each call of nvidia-cuda-mps-control and for the daemon to come up or go "
-        f"(default: ${TIMEOUT_ENV}, else {daemon.DEFAULT_TIMEOUT_S:g})",
+        f"(default: ${TIMEOUT_ENV}, else {DEFAULT_TIMEOUT_S:g})",
     )
 
 
-def _describe(status: daemon.MpsStatus) -> str:
+def _describe(status: MpsStatus) -> str:
     if not status.answering:
         return f"no MPS control daemon answers on {status.pipe_dir}"
     owner = "started by sglang-edgeacc" if status.started_by_us else "not started by sglang-edgeacc"
@@ -83,25 +94,25 @@ def _timeout(args: argparse.Namespace) -> float:
         try:
             value = float(os.environ[TIMEOUT_ENV])
         except ValueError:
-            raise daemon.MpsError(
+            raise MpsError(
                 f"{TIMEOUT_ENV} must be a number of seconds, got {os.environ[TIMEOUT_ENV]!r}"
             ) from None
     else:
-        return daemon.DEFAULT_TIMEOUT_S
+        return DEFAULT_TIMEOUT_S
     if value <= 0:
-        raise daemon.MpsError(f"{source} must be positive, got {value:g}")
+        raise MpsError(f"{source} must be positive, got {value:g}")
     return value
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         args.timeout = _timeout(args)
-    except daemon.MpsError as exc:
+    except MpsError as exc:
         print(f"sglang-edgeacc mps {args.action}: error: {exc}", file=sys.stderr)
         return 1
     try:
         if args.action == "start":
-            outcome = daemon.start_daemon(
+            outcome = start_daemon(
                 args.pipe_dir, args.log_dir, multiuser_server=args.multiuser_server, timeout=args.timeout
             )
             if args.json:
@@ -111,12 +122,12 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{word} pid={outcome.status.control_pid} pipe_dir={outcome.status.pipe_dir}")
             return 0
         if args.action == "stop":
-            stopped = daemon.stop_daemon(args.pipe_dir, force=args.force, timeout=args.timeout)
+            stopped = stop_daemon(args.pipe_dir, force=args.force, timeout=args.timeout)
             print("stopped" if stopped else "not-running")
             return 0
-        status = daemon.read_status(daemon.resolve_dirs(args.pipe_dir, args.log_dir), timeout=args.timeout)
+        status = read_status(resolve_dirs(args.pipe_dir, args.log_dir), timeout=args.timeout)
         print(json.dumps(status.to_json()) if args.json else _describe(status))
         return 0 if status.answering else STATUS_NOT_ANSWERING
-    except daemon.MpsError as exc:
+    except MpsError as exc:
         print(f"sglang-edgeacc mps {args.action}: error: {exc}", file=sys.stderr)
         return 1

@@ -41,10 +41,10 @@ One row per module of ``PATCH_MODULES`` (a test checks that every row exists).
   REPLACE, by the scheduler class of the process's side); on the prefill side
   only, ``KVCacheConfigurator._resolve_memory_pool_config``,
   ``model_loader.loader.get_model_loader``,
-  ``MHATokenToKVPool._create_buffers_normal`` and ``ReqToTokenPool.__init__``
-  (AROUND); plus the scheduler,
-  worker, loader and pool symbols the EdgeAcc scheduler calls, checked for
-  their signatures. Installed only in processes of a launch with
+  ``MHATokenToKVPool._create_buffers_normal``, ``ReqToTokenPool.__init__``
+  and the scheduler module's ``configure_logger`` (AROUND); plus the scheduler,
+  worker, loader and pool symbols the EdgeAcc scheduler calls or overrides
+  (``Scheduler.get_internal_state`` included), checked for their signatures. Installed only in processes of a launch with
   ``--enable-edge-acc`` (``SGLANG_EDGEACC=1``). Why: upstream has no intra-GPU
   prefill/decode split; each GPU needs a decode side that owns all memory state
   and a prefill side that only executes, without a second copy of weights or
@@ -77,7 +77,15 @@ One row per module of ``PATCH_MODULES`` (a test checks that every row exists).
   upstream's resolved-config override, for its own process only, and the
   decode side spawns its prefill side there, before capturing, so the two
   captures overlap (after capture instead when upstream resizes the KV pool
-  after capture or still loads weights during it). Removable
+  after capture or still loads weights during it). The prefill side's
+  ``configure_logger`` hook appends `` edgeacc-prefill`` to the log prefix
+  upstream computed for the process (`` DP0 TP1``, or none): upstream gives a
+  prefill side the same prefix as its decode side, so their lines could not be
+  told apart. The decode side adds an ``edge_acc`` entry to its answer to
+  upstream's internal-state query (``get_internal_state``; ``/get_server_info``
+  lists one answer per DP rank under ``internal_states``): EdgeAcc on, the SM
+  split in effect on each side, and the pids of both sides of every rank of
+  its attention-TP group, gathered once at start. Removable
   when upstream ships intra-GPU P/D disaggregation (or a scheduler extension
   point that carries it).
 * ``npu_preflight`` — target: resolution step ``handle_npu_backends``

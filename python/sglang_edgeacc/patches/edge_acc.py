@@ -8,7 +8,8 @@ upstream's ``Scheduler`` is REPLACEd by the class of the process's side
 On the prefill side only, four AROUND hooks build its pools and model on the decode
 side's memory: the pool sizes, the meta-device loader, the KV buffers and the
 request-to-token table. They read what was mapped from its one owner,
-``shared_state.prefill_shared_state()``.
+``shared_state.prefill_shared_state()``. A fifth marks its log lines as the
+prefill side's (``configure_logger``).
 Why it exists, and when it can be removed: the patch table in ``sglang_edgeacc/patches/__init__.py``.
 """
 
@@ -75,6 +76,16 @@ def _around_req_to_token_pool_init(original, self, *args, **kwargs):
     self.req_to_token = shared
 
 
+# Added to upstream's per-process log prefix (" DP0 TP1" or "") in a prefill side.
+PREFILL_LOG_MARK = " edgeacc-prefill"
+
+
+def _around_configure_logger(original, server_args, prefix=""):
+    # Every line this process logs after upstream configured it carries the mark,
+    # upstream's own lines included, not only those EdgeAcc prefixes itself.
+    return original(server_args, prefix=f"{prefix}{PREFILL_LOG_MARK}")
+
+
 def _install() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
@@ -95,6 +106,7 @@ def _install() -> None:
     HookRegistry.register(f"{LOADER}.get_model_loader", _around_get_model_loader, HookType.AROUND)
     HookRegistry.register(f"{KV_POOL}._create_buffers_normal", _around_create_kv_buffers, HookType.AROUND)
     HookRegistry.register(f"{REQ_TO_TOKEN_POOL}.__init__", _around_req_to_token_pool_init, HookType.AROUND)
+    HookRegistry.register(f"{SCHEDULER}.configure_logger", _around_configure_logger, HookType.AROUND)
 
 
 PATCH = Patch(
@@ -127,6 +139,8 @@ PATCH = Patch(
         Target(f"{SCHEDULER}.Scheduler.stash_chunked_request", params=("self", "req")),
         Target(f"{SCHEDULER}.Scheduler.update_cache_from_scheduler", params=("self", "schedule_batch", "batch_result")),
         Target(f"{SCHEDULER}.run_scheduler_process"),
+        Target(f"{SCHEDULER}.configure_logger", params=("server_args", "prefix")),
+        Target(f"{SCHEDULER}.Scheduler.get_internal_state", params=("self", "recv_req")),
         Target("sglang.srt.managers.overlap_utils.resolve_forward_inputs", params=("batch", "future_map")),
         Target("sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation"),
         Target(f"{KV_POOL}._assign_post_capture_tensors", params=("self", "tensors")),
