@@ -65,13 +65,12 @@ FAMILIES: tuple[tuple[str, re.Pattern], ...] = (
 
 @dataclass(frozen=True)
 class ShmEntry:
-    """An entry the sweep may remove; its device and inode find it in maps under any name it was mapped by."""
+    """An entry the sweep may remove."""
 
     name: str
     family: str
     size: int
-    device: int
-    inode: int
+    file_id: tuple[int, int]  # (device, inode): finds it in maps under any name it was mapped by
 
 
 @dataclass(frozen=True)
@@ -193,7 +192,7 @@ def _candidates(shm_dir: str, uid: int, min_age: float) -> list[ShmEntry]:
         family, pid = kind
         if pid is not None and psutil.pid_exists(pid):
             continue
-        found.append(ShmEntry(name, family, info.st_size, info.st_dev, info.st_ino))
+        found.append(ShmEntry(name, family, info.st_size, (info.st_dev, info.st_ino)))
     return found
 
 
@@ -212,7 +211,7 @@ def reclaim(shm_dir: str = SHM_DIR, min_age: Optional[float] = None) -> Reclaime
     held = in_use(shm_dir)
     removed, kept = [], 0
     for entry in candidates:
-        if held.holds(entry.name, entry.device, entry.inode):
+        if held.holds(entry.name, *entry.file_id):
             kept += 1
             continue
         try:
