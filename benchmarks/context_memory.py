@@ -11,7 +11,7 @@ next to what torch's allocator reserves:
 4. after ``import sglang.srt.model_executor.model_runner`` and a forward-sized activation,
    freed again (what the allocator keeps cached).
 
-    python3 benchmarks/context_memory.py [--out FILE]
+    python3 -m benchmarks.context_memory [--out FILE]     # from the repository root
 
 ``on_device.sh context-memory`` runs it twice, the second time with ``CUDA_MPS_PIPE_DIRECTORY``
 pointing at its MPS daemon, since EdgeAcc's sides are MPS clients.
@@ -22,12 +22,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pathlib
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
-from harness import gpu_memory_by_pid  # noqa: E402
+from tests.harness import gpu_memory_by_pid
 
 
 def stage(name: str, rows: list) -> None:

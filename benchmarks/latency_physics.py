@@ -29,8 +29,8 @@ P50/P99, and prefill tokens/s. Results go to ``--out`` as latency_physics.json a
 with torch's profiler and splits each step into kernel time and gaps between kernels
 (``kernel_timeline.py``): whether decode beside a prefill runs slower kernels or waits for SMs.
 
-    PYTHONPATH=python python3 benchmarks/latency_physics.py --out /tmp/lp       # H200 defaults
-    PYTHONPATH=python python3 benchmarks/latency_physics.py --device cpu --shape tiny --seconds 1
+    PYTHONPATH=python python3 -m benchmarks.latency_physics --out /tmp/lp       # H200 defaults
+    PYTHONPATH=python python3 -m benchmarks.latency_physics --device cpu --shape tiny --seconds 1
 """
 
 from __future__ import annotations
@@ -51,23 +51,18 @@ from typing import Optional
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "tests"))  # segment_pool
-
-from kernel_timeline import comparison_lines, profile_steps  # noqa: E402
-from qwen3_shaped import Qwen3Forward, Qwen3Shape, compare_with_transformers, random_weights  # noqa: E402
-from segment_pool import allocate_single_segment, layer_views  # noqa: E402
-
-from sglang_edgeacc.edge_acc.ordering import ReadFence, WriteFence  # noqa: E402
-from sglang_edgeacc.edge_acc.sm_partition import (  # noqa: E402
+from benchmarks.kernel_timeline import comparison_lines, profile_steps
+from benchmarks.qwen3_shaped import Qwen3Forward, Qwen3Shape, compare_with_transformers, random_weights
+from sglang_edgeacc.edge_acc.ordering import ReadFence, WriteFence
+from sglang_edgeacc.edge_acc.sm_partition import (
     child_env,
     environment_for_child,
     mps_priority_env,
     visible_sm_count,
 )
-from sglang_edgeacc.edge_acc.tensor_export import export_tensors  # noqa: E402
-from sglang_edgeacc.edge_acc.tensor_import import import_tensors  # noqa: E402
+from sglang_edgeacc.edge_acc.tensor_export import export_tensors
+from sglang_edgeacc.edge_acc.tensor_import import import_tensors
+from tests.segment_pool import allocate_single_segment, layer_views
 
 logger = logging.getLogger("latency_physics")
 
@@ -493,7 +488,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "seconds_per_arm": args.seconds,
         "mps_pipe_directory": os.environ.get("CUDA_MPS_PIPE_DIRECTORY", ""),
         "forward_vs_transformers_rel_err": err,
-        "command": " ".join([sys.executable, *sys.argv]),
+        "command": " ".join([sys.executable, "-m", "benchmarks.latency_physics", *sys.argv[1:]]),
     }
     table = markdown_table(rows, base, whole)
     comps = comparisons(rows) + comparison_lines(timelines)

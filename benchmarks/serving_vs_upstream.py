@@ -9,10 +9,10 @@ workloads, each arm runs the GPU server suite's fingerprint (greedy outputs)
 so the comparison also says whether EdgeAcc answered as upstream did.
 
     # GPU host, from the repository root, MPS daemon up (EDGEACC_SUITE_MPS_PIPE names its pipe dir):
-    source .gpu-bundle/env.sh && python3 benchmarks/serving_vs_upstream.py --out $OUT/bench.json \\
+    source .gpu-bundle/env.sh && python3 -m benchmarks.serving_vs_upstream --out $OUT/bench.json \\
         --arms upstream,edgeacc --workloads burst,long_out
 
-    python benchmarks/serving_vs_upstream.py --report a.json b.json   # merge runs, print the ratio table
+    python3 -m benchmarks.serving_vs_upstream --report a.json b.json   # merge runs, print the ratio table
 
 ``--gpu-share`` starts every arm with ``--enable-metrics`` and, for EdgeAcc arms, reads the
 decode side's work counters around each workload: the prefill side's achieved TFLOP/s and the
@@ -36,15 +36,13 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-HERE = pathlib.Path(__file__).resolve()
-ROOT = HERE.parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "tests" / "gpu"))
-sys.path.insert(0, str(ROOT / "python"))
+from benchmarks import gpu_share
+from tests import serving_models
+from tests.harness import SglangServer, gpu_memory_by_pid
 
-from harness import SglangServer, gpu_memory_by_pid  # noqa: E402
-import serving_models  # noqa: E402
-import gpu_share  # noqa: E402  (benchmarks/, this script's folder)
+# This script as a module, and the folder it is imported from (the repository root).
+MODULE = "benchmarks.serving_vs_upstream"
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 COMMON_ARGS = ("--mem-fraction-static", "0.6", "--cuda-graph-max-bs-decode", "128")
 
@@ -169,8 +167,10 @@ def run_workloads(server: SglangServer, model: str, workloads: dict[str, Workloa
         "counter_files": [files[name] + ".counters.json" for name in workloads],
     }
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, str(HERE), "--bench-serving-runs", json.dumps(plan)],
-                          capture_output=True, text=True, timeout=900)
+    # The child finds this module through PYTHONPATH, whatever directory it starts in.
+    python_path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    proc = subprocess.run([sys.executable, "-m", MODULE, "--bench-serving-runs", json.dumps(plan)],
+                          env={**os.environ, "PYTHONPATH": python_path}, capture_output=True, text=True, timeout=900)
     (log_dir / f"bench_serving_{server.port}.log").write_text(proc.stdout[-200_000:] + proc.stderr[-200_000:])
     results = {}
     for name in workloads:
@@ -241,7 +241,7 @@ def run_arm(arm: str, platform: str, model: str, dummy: bool, workloads: dict[st
     stops: stopping can take a while, and a step cut off by its time limit then still
     keeps what it measured.
     """
-    from server_suite import fingerprint  # tests/gpu/server_suite.py
+    from tests.gpu.server_suite import fingerprint
 
     flags, uses_mps = ARMS[arm]
     if counters:
@@ -323,7 +323,7 @@ def ratio_table(arms: dict) -> str:
 
 
 def outputs_table(arms: dict) -> str:
-    from server_suite import compare
+    from tests.gpu.server_suite import compare
 
     ref = arms.get("upstream", {}).get("fingerprint")
     lines = []

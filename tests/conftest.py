@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-from harness import CpuServer
+from tests.harness import CpuServer
 
 
 def _has_cuda() -> bool:

@@ -4,7 +4,7 @@ The server shares the KV pool upstream allocates; the proofs and the latency
 benchmark build their own, as views of a single allocation, so that an export
 is one CUDA IPC handle (or one shared-memory object) and every byte can be
 checked on the other side. Torch and the standard library only: the GPU proofs
-and benchmarks import it as a plain script, with ``tests/`` on ``sys.path``.
+and benchmarks import it as ``tests.segment_pool``.
 """
 
 from __future__ import annotations

@@ -5,11 +5,10 @@ The partitions are a stand-in (green contexts need a GPU); the policy and the me
 
 from __future__ import annotations
 
-from gloo_ranks import run_ranks
-
 from sglang_edgeacc.edge_acc.adaptive_split import AdaptiveSplitConfig, AdaptiveSplitPolicy
 from sglang_edgeacc.edge_acc_server.adaptive import AdaptiveSplit
 from sglang_edgeacc.edge_acc_server.messages import PrefillWork
+from tests.gloo_ranks import run_ranks
 
 
 class _Partitions:

@@ -13,9 +13,10 @@ import json
 
 import pytest
 import requests
-from bad_requests import BAD_INPUTS, empty_prompt_outcome, send_half_a_request
-from fault_injection import edgeacc_faults
-from harness import CpuServer
+
+from tests.bad_requests import BAD_INPUTS, empty_prompt_outcome, send_half_a_request
+from tests.fault_injection import edgeacc_faults
+from tests.harness import CpuServer
 
 pytestmark = pytest.mark.server
 

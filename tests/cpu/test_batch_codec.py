@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import pathlib
-import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from sglang_edgeacc.edge_acc_server.batch_codec import LocalObjects, pack_prefill_batch, unpack_prefill_batch
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-import serving_models  # noqa: E402
+from tests import serving_models
 
 
 def _production_tokenizer(tmp_path):

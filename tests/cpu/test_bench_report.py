@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import pathlib
-import sys
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
-import serving_vs_upstream  # noqa: E402
+from benchmarks import serving_vs_upstream
 
 
 def _result(tok_s: float) -> dict:

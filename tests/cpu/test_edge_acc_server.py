@@ -19,8 +19,9 @@ import psutil
 import pytest
 import requests
 
-from fault_injection import edgeacc_faults
-from harness import CpuServer, assert_nothing_left
+from tests import harness
+from tests.fault_injection import edgeacc_faults
+from tests.harness import CpuServer, assert_nothing_left
 
 pytestmark = pytest.mark.server
 
@@ -210,8 +211,6 @@ def test_a_prefill_side_failing_at_start_takes_a_dp_server_down(monkeypatch):
     """One DP rank's prefill side fails at start (as when its port is taken). Upstream's error path
     signals its parent, the decode side; that used to kill the decode side outright and the
     data-parallel controller then waited forever for its "ready". Now the server exits."""
-    import harness
-
     monkeypatch.setattr(harness, "STARTUP_TIMEOUT_S", 300.0)
     server = CpuServer(args=("--dp", "2", "--enable-edge-acc", "--skip-server-warmup"))
     started = time.monotonic()

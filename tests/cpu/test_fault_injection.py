@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 import sglang_edgeacc
-from fault_injection import edgeacc_faults
+from tests.fault_injection import edgeacc_faults
 
 
 def test_the_server_package_reads_no_test_switch():

@@ -6,33 +6,21 @@ counters against one request of known size, read as the benchmark reads them.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import requests
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_share.py"
+from benchmarks import gpu_share
 
 QWEN3_8B = {"hidden_size": 4096, "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
             "head_dim": 128, "intermediate_size": 12288, "vocab_size": 151936}
 
 
-@pytest.fixture(scope="module")
-def gpu_share():
-    spec = importlib.util.spec_from_file_location("gpu_share", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
-
-
-def test_costs_of_the_qwen3_8b_shape(gpu_share):
+def test_costs_of_the_qwen3_8b_shape():
     costs = gpu_share.ModelCosts.from_config(QWEN3_8B)
     # 8.19 B parameters, of which the embedding and the untied lm_head are 0.62 B each.
     linear = costs.linear_flops_per_token / 2
@@ -42,7 +30,7 @@ def test_costs_of_the_qwen3_8b_shape(gpu_share):
     assert costs.attention_flops_per_pair == 4 * 36 * 32 * 128
 
 
-def test_shares_turn_counter_deltas_into_rates(gpu_share):
+def test_shares_turn_counter_deltas_into_rates():
     costs = gpu_share.ModelCosts(linear_flops_per_token=1e9, attention_flops_per_pair=1e3,
                                  weight_bytes=1e9, kv_bytes_per_token=1e5)
     before = {"prefill_tokens": 100, "prefill_attention_pairs": 0, "prefill_forward_seconds": 1.0,
@@ -65,7 +53,7 @@ def test_shares_turn_counter_deltas_into_rates(gpu_share):
 
 
 @pytest.mark.server
-def test_a_real_servers_counters_add_up_for_one_request(gpu_share, cpu_servers):
+def test_a_real_servers_counters_add_up_for_one_request(cpu_servers):
     """The counters count one request's work exactly, and the benchmark's reading of them works."""
     server = cpu_servers.get("--enable-edge-acc", "--enable-metrics")
     prompt = [random.Random(7 + len(__file__)).randrange(5, 400) for _ in range(300)]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from gloo_ranks import free_port, run_ranks
+
+from tests.gloo_ranks import free_port, run_ranks
 
 
 def _two_subgroups(rank: int):

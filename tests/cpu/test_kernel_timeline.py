@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import pathlib
-import sys
-
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
-import kernel_timeline  # noqa: E402
+from benchmarks import kernel_timeline
 
 
 def test_kernel_time_and_gaps_are_split_per_step_and_overlaps_count_once():

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.cpu.mps_stub import install_stubs
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(Path(__file__).parent))
-from mps_stub import install_stubs  # noqa: E402
 
 SCRIPT = REPO / "scripts" / "sglang_launch_server.sh"
 

@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.cpu.mps_stub import install_stubs
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(1, str(REPO / "python"))
-from mps_stub import install_stubs  # noqa: E402
 CLI = [sys.executable, "-m", "sglang_edgeacc.cli", "mps"]
 
 

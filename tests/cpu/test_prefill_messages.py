@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import pathlib
 import re
-import sys
 
 import pytest
 import requests
 
-from harness import SglangServer
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-import serving_models  # noqa: E402
+from tests import serving_models
+from tests.harness import SglangServer
 
 pytestmark = pytest.mark.server
 

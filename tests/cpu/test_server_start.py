@@ -29,9 +29,9 @@ import time
 import psutil
 import pytest
 
-from fault_injection import edgeacc_faults
-from harness import SHM_DIR, STARTUP_TIMEOUT_S, SglangServer, assert_nothing_left, session_processes
 from sglang_edgeacc.server_start import shm_reclaim
+from tests.fault_injection import edgeacc_faults
+from tests.harness import SHM_DIR, STARTUP_TIMEOUT_S, SglangServer, assert_nothing_left, session_processes
 
 pytestmark = pytest.mark.server
 

@@ -3,13 +3,9 @@ weights like ``--load-format dummy``'s it does not, so a wrong KV read could not
 
 from __future__ import annotations
 
-import pathlib
-import sys
-
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-import serving_models  # noqa: E402
+from tests import serving_models
 
 
 def _greedy(model, ids, n=12):

@@ -16,7 +16,7 @@ import signal
 import psutil
 import pytest
 
-from harness import SHM_DIR, CpuServer, shm_creator_pid, shm_in_use
+from tests.harness import SHM_DIR, CpuServer, shm_creator_pid, shm_in_use
 
 pytestmark = pytest.mark.server
 

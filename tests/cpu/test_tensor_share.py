@@ -16,17 +16,15 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from segment_pool import allocate_single_segment, kv_pool_layer_specs, layer_views  # noqa: E402
-
-from sglang_edgeacc.edge_acc.tensor_bundle import SharedTensors, SharedTensorsError  # noqa: E402
-from sglang_edgeacc.edge_acc.tensor_export import (  # noqa: E402
+from sglang_edgeacc.edge_acc.tensor_bundle import SharedTensors, SharedTensorsError
+from sglang_edgeacc.edge_acc.tensor_export import (
     AllocatorNotShareableError,
     export_tensors,
     module_tensors,
     refuse_unshareable_cuda_allocator,
 )
-from sglang_edgeacc.edge_acc.tensor_import import bind_into_module, import_tensors  # noqa: E402
+from sglang_edgeacc.edge_acc.tensor_import import bind_into_module, import_tensors
+from tests.segment_pool import allocate_single_segment, kv_pool_layer_specs, layer_views
 
 PYTHON_DIR = Path(__file__).resolve().parents[2] / "python"
 TIMEOUT_S = 120
@@ -190,9 +188,8 @@ def test_bundle_crosses_a_plain_pipe_to_an_unrelated_process():
     pool, _ = _owner_objects()
     bundle = export_tensors(pool)
     code = textwrap.dedent(
-        f"""
+        """
         import pickle, sys, torch
-        sys.path.insert(0, {str(PYTHON_DIR)!r})
         from sglang_edgeacc.edge_acc.tensor_import import import_tensors
         imported = import_tensors(pickle.loads(sys.stdin.buffer.read()))
         total = 0
@@ -204,8 +201,10 @@ def test_bundle_crosses_a_plain_pipe_to_an_unrelated_process():
         """
     )
     expected_sum = sum(int(v.view(torch.uint8).to(torch.int64).sum()) for v in pool.values())
+    path = os.pathsep.join(p for p in (str(PYTHON_DIR), os.environ.get("PYTHONPATH")) if p)  # this checkout's package
     result = subprocess.run(
-        [sys.executable, "-c", code], input=pickle.dumps(bundle), capture_output=True, timeout=TIMEOUT_S
+        [sys.executable, "-c", code], input=pickle.dumps(bundle), capture_output=True, timeout=TIMEOUT_S,
+        env={**os.environ, "PYTHONPATH": path},
     )
     assert result.returncode == 0, result.stderr.decode()
     assert int(result.stdout.decode().split()[-1]) == expected_sum

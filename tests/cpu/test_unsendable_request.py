@@ -14,7 +14,7 @@ import concurrent.futures as cf
 import pytest
 import requests
 
-from fault_injection import edgeacc_faults
+from tests.fault_injection import edgeacc_faults
 
 pytestmark = pytest.mark.server
 

@@ -18,8 +18,8 @@ side's own tag: data from one side's group never appears in the other's.
 then waits in a collective its peer never enters, the run hangs or corrupts, and the
 parent reports it after ``--timeout`` seconds and kills the ranks.
 
-    PYTHONPATH=python python3 tests/gpu/dp_attention_collectives.py --steps 2000
-    PYTHONPATH=python python3 tests/gpu/dp_attention_collectives.py --idle-skips --timeout 40 --no-mps
+    PYTHONPATH=python python3 -m tests.gpu.dp_attention_collectives --steps 2000
+    PYTHONPATH=python python3 -m tests.gpu.dp_attention_collectives --idle-skips --timeout 40 --no-mps
 """
 
 from __future__ import annotations
@@ -31,15 +31,12 @@ import socket
 import sys
 import time
 from datetime import timedelta
-from pathlib import Path
 from typing import Optional
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from proof_support import Child, child_send, mps_daemon_running  # noqa: E402
-
-from sglang_edgeacc.edge_acc.sm_partition import child_env  # noqa: E402
+from sglang_edgeacc.edge_acc.sm_partition import child_env
+from tests.gpu.proof_support import Child, child_send, mps_daemon_running
 
 PATTERNS = ("group0-idle", "group1-idle", "both-busy", "both-idle")
 WIDTH = 8

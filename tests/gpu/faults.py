@@ -31,7 +31,7 @@ sglang's answer in its own run and plain's solo answer for the same prompt; solo
 must be identical.
 
     source .gpu-bundle/env.sh && OUT=$OUT bash tests/gpu/on_device.sh faults
-    python tests/gpu/faults.py --platform cpu --scale 0.1 --soak-s 30 --out /tmp/faults.json
+    python3 -m tests.gpu.faults --platform cpu --scale 0.1 --soak-s 30 --out /tmp/faults.json
 """
 
 from __future__ import annotations
@@ -53,14 +53,10 @@ import traceback
 import psutil
 import requests
 
-HERE = pathlib.Path(__file__).resolve()
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE.parents[1]))
-
-from bad_requests import BAD_INPUTS, empty_prompt_outcome, send_half_a_request  # noqa: E402
-from fault_injection import edgeacc_faults  # noqa: E402
-from harness import SglangServer, gpu_memory_by_pid, shm_in_use  # noqa: E402
-from server_suite import _arm_env, model_path  # noqa: E402
+from tests.bad_requests import BAD_INPUTS, empty_prompt_outcome, send_half_a_request
+from tests.fault_injection import edgeacc_faults
+from tests.gpu.server_suite import _arm_env, model_path
+from tests.harness import SglangServer, gpu_memory_by_pid, shm_in_use
 
 VOCAB = 537
 BASE = ("--chunked-prefill-size", "128", "--mem-fraction-static", "0.3")

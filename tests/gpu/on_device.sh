@@ -3,16 +3,16 @@
 #
 #   source .gpu-bundle/env.sh && OUT=/tmp/out bash tests/gpu/on_device.sh STEP [STEP ...]
 #
-# Steps (run in order, each under its own time limit):
-#   suite[:FAMILIES]              tests/gpu/server_suite.py (FAMILIES comma-separated, default all)
-#   bench:ARMS[:WORKLOADS]        benchmarks/serving_vs_upstream.py, ARMS/WORKLOADS comma-separated;
+# Steps (run in order, each under its own time limit; scripts run as modules from the repository root):
+#   suite[:FAMILIES]              tests.gpu.server_suite (FAMILIES comma-separated, default all)
+#   bench:ARMS[:WORKLOADS]        benchmarks.serving_vs_upstream, ARMS/WORKLOADS comma-separated;
 #                                 BENCH_LAYOUT="--tp 2" (say) adds a layout to every arm; BENCH_GPU_SHARE=1 adds
 #                                 --gpu-share (each EdgeAcc side's TFLOP/s and GB/s from its work counters)
-#   mps-priority                  benchmarks/latency_physics.py, prefill side at normal and below-normal priority;
-#                                 KERNEL_PROFILE_STEPS=N adds each arm's decode kernel time and gaps (kernel_timeline.py)
-#   context-memory                benchmarks/context_memory.py, a plain process and an MPS client: what a process's
+#   mps-priority                  benchmarks.latency_physics, prefill side at normal and below-normal priority;
+#                                 KERNEL_PROFILE_STEPS=N adds each arm's decode kernel time and gaps (kernel_timeline)
+#   context-memory                benchmarks.context_memory, a plain process and an MPS client: what a process's
 #                                 CUDA context costs before it allocates anything
-#   faults[:CASES]                tests/gpu/faults.py (CASES comma-separated, default kill,aborts,pressure,bad,soak;
+#   faults[:CASES]                tests.gpu.faults (CASES comma-separated, default kill,aborts,pressure,bad,soak;
 #                                 empty-unpatched on request; FAULTS_SOAK_S, default 300)
 #   start-failure                 tests/cpu/test_server_start.py in the real server on the GPU (EDGEACC_TEST_PLATFORM=cuda)
 #   bg+STEP                       STEP in the background, beside the steps after it (waited for at the end)
@@ -85,29 +85,29 @@ run_one() {  # index, kind, a, b
   local i=$1 kind=$2 a=$3 b=$4
   case $kind in
     suite)
-      run_step "suite$i" "$STEP_LIMIT_S" python3 tests/gpu/server_suite.py --out "$OUT/suite$i.json" \
+      run_step "suite$i" "$STEP_LIMIT_S" python3 -m tests.gpu.server_suite --out "$OUT/suite$i.json" \
         --workdir "$WORK/models$i" ${a:+--families "$a"} ;;
     bench)
-      run_step "bench$i" "$STEP_LIMIT_S" python3 benchmarks/serving_vs_upstream.py --out "$OUT/bench$i.json" \
+      run_step "bench$i" "$STEP_LIMIT_S" python3 -m benchmarks.serving_vs_upstream --out "$OUT/bench$i.json" \
         --workdir "$WORK/models$i" --arms "$a" ${b:+--workloads "$b"} ${BENCH_LAYOUT:+--layout "$BENCH_LAYOUT"} \
         ${BENCH_GPU_SHARE:+--gpu-share} ;;
     faults)
-      run_step "faults$i" "$STEP_LIMIT_S" python3 tests/gpu/faults.py --out "$OUT/faults$i.json" \
+      run_step "faults$i" "$STEP_LIMIT_S" python3 -m tests.gpu.faults --out "$OUT/faults$i.json" \
         --workdir "$WORK/models$i" ${a:+--cases "$a"} --soak-s "${FAULTS_SOAK_S:-300}" ;;
     start-failure)
       run_step "start_failure$i" "$STEP_LIMIT_S" env EDGEACC_TEST_PLATFORM=cuda python3 -m pytest -p no:cacheprovider \
         -q -rA tests/cpu/test_server_start.py ;;
     mps-priority)
       run_step "mps_priority$i" "${MPS_PRIORITY_LIMIT_S:-150}" env CUDA_MPS_PIPE_DIRECTORY="$EDGEACC_SUITE_MPS_PIPE" \
-        CUDA_MPS_LOG_DIRECTORY="$EDGEACC_SUITE_MPS_LOG" PYTHONPATH=python python3 benchmarks/latency_physics.py \
+        CUDA_MPS_LOG_DIRECTORY="$EDGEACC_SUITE_MPS_LOG" PYTHONPATH=python python3 -m benchmarks.latency_physics \
         --device cuda:0 --chunks 2048 --no-graphed-chunks --mps-shares 80,100 \
         --prefill-priorities normal,below-normal --seconds 4 --out "$WORK/logs" \
         ${KERNEL_PROFILE_STEPS:+--kernel-profile-steps "$KERNEL_PROFILE_STEPS"}
       cp "$WORK/logs/latency_physics.json" "$OUT/mps_priority$i.json" 2>/dev/null ;;
     context-memory)
-      run_step "context_memory${i}_plain" 120 python3 benchmarks/context_memory.py --out "$OUT/context_memory${i}_plain.json"
+      run_step "context_memory${i}_plain" 120 python3 -m benchmarks.context_memory --out "$OUT/context_memory${i}_plain.json"
       run_step "context_memory${i}_mps" 120 env CUDA_MPS_PIPE_DIRECTORY="$EDGEACC_SUITE_MPS_PIPE" \
-        CUDA_MPS_LOG_DIRECTORY="$EDGEACC_SUITE_MPS_LOG" python3 benchmarks/context_memory.py \
+        CUDA_MPS_LOG_DIRECTORY="$EDGEACC_SUITE_MPS_LOG" python3 -m benchmarks.context_memory \
         --out "$OUT/context_memory${i}_mps.json" ;;
     *) echo "unknown step $kind" | tee -a "$SUMMARY" ;;
   esac

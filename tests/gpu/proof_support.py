@@ -1,7 +1,8 @@
 """What the GPU proofs share: byte patterns both processes can recompute, MPS detection, and
 spawning a child with its own environment, a pipe and a hard timeout.
 
-Torch and the standard library only; no pytest, so the proofs also run as plain scripts.
+Torch, the standard library and sglang_edgeacc only; no pytest, so the proofs also run without it, as modules
+from the repository root (``PYTHONPATH=python python3 -m tests.gpu.test_ordering_gpu``).
 """
 
 from __future__ import annotations
@@ -9,18 +10,13 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
-import sys
 import zlib
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO / "python") not in sys.path:
-    sys.path.insert(0, str(REPO / "python"))
-
-from sglang_edgeacc.edge_acc.sm_partition import environment_for_child  # noqa: E402
+from sglang_edgeacc.edge_acc.sm_partition import environment_for_child
 
 PATTERN_CHUNK = 1 << 24
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU proof of EdgeAcc's torch-only mechanisms, in one call on a 2-GPU machine:
 #   A (in parallel)  pytest tests/gpu on GPU 1 (IPC share, ordering, MPS/green-context split)
-#                    benchmarks/latency_physics.py on GPU 0
+#                    benchmarks.latency_physics on GPU 0
 #   B                the 2-GPU DP-attention collective test (pytest wrapper), under MPS
 #   C                the idle-skip hang demonstration, after MPS is stopped
 # A private MPS control daemon runs for A and B; it is always stopped (trap) before returning.
@@ -73,13 +73,13 @@ t0=$SECONDS
     timeout -k 10 330 "${PYTEST[@]}" tests/gpu/test_ipc_share_gpu.py tests/gpu/test_ordering_gpu.py tests/gpu/test_mps_split_gpu.py
   else
     echo "pytest missing: running the proofs as scripts"
-    timeout -k 10 160 $PY tests/gpu/test_ipc_share_gpu.py && timeout -k 10 160 $PY tests/gpu/test_ordering_gpu.py
+    timeout -k 10 160 $PY -m tests.gpu.test_ipc_share_gpu && timeout -k 10 160 $PY -m tests.gpu.test_ordering_gpu
   fi
 ) >"$OUT/pytest_single_gpu.log" 2>&1 &
 pid_tests=$!
 (
   export CUDA_VISIBLE_DEVICES=0
-  timeout -k 10 360 $PY benchmarks/latency_physics.py --device cuda:0 --out "$OUT" ${BENCH_ARGS:-}
+  timeout -k 10 360 $PY -m benchmarks.latency_physics --device cuda:0 --out "$OUT" ${BENCH_ARGS:-}
 ) >"$OUT/latency_physics.log" 2>&1 &
 pid_bench=$!
 wait $pid_tests; rc_tests=$?
@@ -101,7 +101,7 @@ t0=$SECONDS
 if [ $have_pytest = 1 ]; then
   timeout -k 10 200 "${PYTEST[@]}" tests/gpu/test_dp_attention_collectives_gpu.py >"$OUT/dp_collectives.log" 2>&1
 else
-  timeout -k 10 200 $PY tests/gpu/dp_attention_collectives.py --steps 2000 >"$OUT/dp_collectives.log" 2>&1
+  timeout -k 10 200 $PY -m tests.gpu.dp_attention_collectives --steps 2000 >"$OUT/dp_collectives.log" 2>&1
 fi
 phase_rc "B.dp_collectives(2 GPUs, MPS)" $? $((SECONDS - t0))
 
@@ -109,7 +109,7 @@ phase_rc "B.dp_collectives(2 GPUs, MPS)" $? $((SECONDS - t0))
 stop_mps
 t0=$SECONDS
 env -u CUDA_MPS_PIPE_DIRECTORY -u CUDA_MPS_LOG_DIRECTORY -u EDGEACC_EXPECT_MPS \
-  timeout -k 10 120 $PY tests/gpu/dp_attention_collectives.py --idle-skips --no-mps --steps 400 --timeout 45 \
+  timeout -k 10 120 $PY -m tests.gpu.dp_attention_collectives --idle-skips --no-mps --steps 400 --timeout 45 \
   >"$OUT/dp_idle_skip_demo.log" 2>&1
 phase_rc "C.dp_idle_skip_demo(expect reproduced, rc 0)" $? $((SECONDS - t0))
 

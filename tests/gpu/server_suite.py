@@ -8,9 +8,9 @@ KV cache read from the wrong slots changes the tokens; the Qwen3-8B-shaped
 family serves dummy weights at production shapes (pool, tokenizer, kernels).
 
     # on the GPU host, MPS daemon started, from the repository root:
-    source .gpu-bundle/env.sh && python3 tests/gpu/server_suite.py --out $OUT/suite.json
-    # the same flow on the CPU platform (a subset of the arms):
-    python tests/gpu/server_suite.py --platform cpu --families tiny --out /tmp/suite.json
+    source .gpu-bundle/env.sh && python3 -m tests.gpu.server_suite --out $OUT/suite.json
+    # the same flow on the CPU platform (a subset of the arms), from the repository root:
+    python3 -m tests.gpu.server_suite --platform cpu --families tiny --out /tmp/suite.json
 
 The servers of a phase start together (each with a capped KV pool) and then run
 their workloads; ``tests/gpu/on_device.sh`` runs it with its MPS
@@ -34,12 +34,8 @@ import traceback
 
 import requests
 
-HERE = pathlib.Path(__file__).resolve()
-sys.path.insert(0, str(HERE.parents[1]))  # tests/: harness, serving_models
-sys.path.insert(0, str(HERE.parents[2] / "python"))
-
-from harness import SglangServer  # noqa: E402
-import serving_models  # noqa: E402
+from tests import serving_models
+from tests.harness import SglangServer
 
 ANSWER_REGEX = "(yes|no) [0-9]{3}"
 JSON_SCHEMA = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})

@@ -5,9 +5,6 @@
 
 from __future__ import annotations
 
-import pathlib
-import sys
-
 import os
 
 import pytest
@@ -43,8 +40,7 @@ def _alone_ms(stream: torch.cuda.Stream, a: torch.Tensor, reps: int = 8) -> floa
 def pair():
     if os.environ.get(MPS_PERCENT_VAR):
         pytest.skip(f"{MPS_PERCENT_VAR} is set: green contexts cannot be made in this process")
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
-    from disjoint_green import disjoint_green_streams
+    from benchmarks.disjoint_green import disjoint_green_streams
 
     return disjoint_green_streams(16, 0)
 

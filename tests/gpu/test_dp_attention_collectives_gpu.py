@@ -1,17 +1,14 @@
-"""pytest wrapper for dp_attention_collectives.py: 4 processes on 2 GPUs, idle DP groups, no hang, no cross-talk."""
+"""pytest wrapper for tests.gpu.dp_attention_collectives: 4 processes on 2 GPUs, idle DP groups, no hang, no cross-talk."""
 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import dp_attention_collectives as dpc  # noqa: E402
-from proof_support import mps_daemon_running  # noqa: E402
+from tests.gpu import dp_attention_collectives as dpc
+from tests.gpu.proof_support import mps_daemon_running
 
 
 @pytest.mark.gpu

@@ -9,7 +9,7 @@ the owner's, writes a new pattern into the pool, and reports its own GPU allocat
 owner then checks every byte of the pool again.
 
     PYTHONPATH=python python3 -m pytest -m gpu tests/gpu/test_ipc_share_gpu.py
-    PYTHONPATH=python python3 tests/gpu/test_ipc_share_gpu.py --device cpu --small   # dry run
+    PYTHONPATH=python python3 -m tests.gpu.test_ipc_share_gpu --device cpu --small   # dry run
 """
 
 from __future__ import annotations
@@ -18,15 +18,14 @@ import argparse
 import json
 import os
 import pickle
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # tests/: segment_pool
-from proof_support import (  # noqa: E402
+from sglang_edgeacc.edge_acc.sm_partition import child_env, visible_sm_count
+from sglang_edgeacc.edge_acc.tensor_export import export_tensors, module_tensors
+from sglang_edgeacc.edge_acc.tensor_import import bind_into_module, import_tensors
+from tests.gpu.proof_support import (
     Child,
     child_send,
     fill_pattern_,
@@ -36,11 +35,7 @@ from proof_support import (  # noqa: E402
     pattern_mismatched_bytes,
     salt_of,
 )
-from segment_pool import allocate_single_segment, kv_pool_layer_specs  # noqa: E402
-
-from sglang_edgeacc.edge_acc.sm_partition import child_env, visible_sm_count  # noqa: E402
-from sglang_edgeacc.edge_acc.tensor_export import export_tensors, module_tensors  # noqa: E402
-from sglang_edgeacc.edge_acc.tensor_import import bind_into_module, import_tensors  # noqa: E402
+from tests.segment_pool import allocate_single_segment, kv_pool_layer_specs
 
 try:
     import pytest

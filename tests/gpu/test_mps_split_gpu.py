@@ -13,15 +13,10 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from proof_support import Child, child_send, mps_daemon_running, mps_expected  # noqa: E402
-
-from sglang_edgeacc.edge_acc.sm_partition import (  # noqa: E402
+from sglang_edgeacc.edge_acc.sm_partition import (
     MPS_PERCENT_VAR,
     SmPartitionError,
     child_env,
@@ -31,6 +26,7 @@ from sglang_edgeacc.edge_acc.sm_partition import (  # noqa: E402
     sm_granularity,
     visible_sm_count,
 )
+from tests.gpu.proof_support import Child, child_send, mps_daemon_running, mps_expected
 
 try:
     import pytest

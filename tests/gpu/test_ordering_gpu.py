@@ -8,25 +8,22 @@ the writer's next write cannot overtake the read (the reverse hazard). Without f
 same loop reads stale data: that run shows the fence is what makes it right.
 
     PYTHONPATH=python python3 -m pytest -m gpu tests/gpu/test_ordering_gpu.py
+    PYTHONPATH=python python3 -m tests.gpu.test_ordering_gpu     # without pytest
 """
 
 from __future__ import annotations
 
 import json
 import pickle
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from proof_support import Child, child_recv, child_send  # noqa: E402
-
-from sglang_edgeacc.edge_acc.ordering import ReadFence, WriteFence  # noqa: E402
-from sglang_edgeacc.edge_acc.sm_partition import child_env  # noqa: E402
-from sglang_edgeacc.edge_acc.tensor_export import export_tensors  # noqa: E402
-from sglang_edgeacc.edge_acc.tensor_import import import_tensors  # noqa: E402
+from sglang_edgeacc.edge_acc.ordering import ReadFence, WriteFence
+from sglang_edgeacc.edge_acc.sm_partition import child_env
+from sglang_edgeacc.edge_acc.tensor_export import export_tensors
+from sglang_edgeacc.edge_acc.tensor_import import import_tensors
+from tests.gpu.proof_support import Child, child_recv, child_send
 
 try:
     import pytest

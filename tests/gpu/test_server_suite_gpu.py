@@ -9,12 +9,8 @@ for the EdgeAcc arms, an MPS daemon whose pipe directory ``EDGEACC_SUITE_MPS_PIP
 from __future__ import annotations
 
 import os
-import pathlib
-import sys
 
 import pytest
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 pytestmark = pytest.mark.gpu
 
@@ -24,7 +20,7 @@ DEFAULT_FAMILIES = "tiny,tiny-page16,tiny-no-graph,tiny-no-overlap"
 def test_edge_acc_answers_as_plain_sglang_on_the_gpu(tmp_path):
     if not os.environ.get("EDGEACC_SUITE_MPS_PIPE"):
         pytest.skip("no MPS daemon named by EDGEACC_SUITE_MPS_PIPE: run through tests/gpu/on_device.sh")
-    import server_suite
+    from tests.gpu import server_suite
 
     families = os.environ.get("EDGEACC_SUITE_FAMILIES", DEFAULT_FAMILIES)
     rc = server_suite.main(["--families", families, "--out", str(tmp_path / "suite.json"),

@@ -1,0 +1,1 @@
+"""The CPU suite: runs everywhere, CI included (docs/testing.md)."""
