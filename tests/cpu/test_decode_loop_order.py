@@ -97,7 +97,7 @@ class _RecordingDecodeSide(DecodeSideScheduler):
 
     def run_batch(self, batch):
         self.events.append(("run", batch.step))
-        return SimpleNamespace(step=batch.step, delay_sample_func=None)
+        return SimpleNamespace(step=batch.step)
 
     def process_batch_result(self, batch, result):
         assert batch.step == result.step
@@ -188,8 +188,6 @@ class _BusyLink(_RecordingLink):
         self._clock, self._side, self._reply_before = clock, side, reply_before_step
 
     def wait_readable(self, timeout_ms):
-        if timeout_ms == 0:
-            return False  # a look while a step runs; this side's reply comes during a wait
         if self._side._next == self._reply_before and ("reply", self._reply_before) not in self._events:
             self._clock.now += timeout_ms / 2000  # halfway through the wait
             self._events.append(("reply", self._reply_before))
@@ -244,109 +242,3 @@ def test_a_prefill_reply_during_the_wait_is_taken_before_the_next_step():
     # out the rest of the interval before step 3.
     assert collected.count(3) == 2, collected
     assert ev[_at(ev, "reply", 3) + 1:_at(ev, "run", 3)] == [("waited", 15)], ev
-
-
-class _CopyDone:
-    """A step's device-to-host copy that completes on the ``polls``-th look."""
-
-    def __init__(self, polls: int):
-        self.polls = polls
-
-    def query(self):
-        self.polls -= 1
-        return self.polls <= 0
-
-
-class _ReplyDuringStepLink(_RecordingLink):
-    """A busy prefill side whose reply becomes readable while decode step ``during_step`` runs."""
-
-    busy = True
-    replies_taken_alone = True
-
-    def __init__(self, events, side, during_step):
-        super().__init__(events)
-        self._side, self._during = side, during_step
-
-    def wait_readable(self, timeout_ms):
-        # Step n+1 is launched while step n's result is awaited: _next is then n + 2.
-        return self.busy and self._side._next == self._during + 2
-
-
-def _side_with_reply_during(step: int, group_of_one: bool = True):
-    side = _RecordingDecodeSide(overlap=True, steps=4)
-    link = _ReplyDuringStepLink(side.events, side, step)
-    link.replies_taken_alone = group_of_one
-    side.prefill_link = link
-
-    def collect():
-        if link.wait_readable(0):
-            side.events.append(("collect", side._next - 2))
-            link.busy = False
-
-    side._edge_collect_prefill = collect
-    side._edge_dispatch_prefill = lambda: side.events.append(("dispatch", side._next - 2))
-    run = side.run_batch
-
-    def run_with_copy(batch):
-        result = run(batch)
-        result.copy_done = _CopyDone(polls=3)
-        return result
-
-    side.run_batch = run_with_copy
-    return side
-
-
-def test_a_prefill_reply_during_a_decode_step_is_taken_before_that_steps_result():
-    """The reply's first tokens go out, and the next prefill batch is handed over, without waiting for the step."""
-    side = _side_with_reply_during(step=2)
-    side.event_loop_edge_acc_decode()
-    ev = side.events
-    assert _at(ev, "run", 3) < _at(ev, "collect", 2) < _at(ev, "dispatch", 2) < _at(ev, "process", 2), ev
-    assert [s for what, s in ev if what == "process"] == [1, 2, 3, 4], ev
-
-
-def test_a_step_that_samples_later_is_not_grown_by_a_reply_before_it_samples():
-    """A grammar batch samples from the batch object after the previous result: no merge before that."""
-    side = _side_with_reply_during(step=2)
-    run = side.run_batch
-
-    def run_grammar(batch):
-        result = run(batch)
-        result.delay_sample_func = lambda: result
-        return result
-
-    side.run_batch = run_grammar
-    side.event_loop_edge_acc_decode()
-    ev = side.events
-    assert _at(ev, "sample", 3) < _at(ev, "collect", 2), ev
-
-
-def test_a_rank_that_takes_replies_with_its_group_waits_for_the_step():
-    """Taking a reply is a collective across the attention-TP group: never on one rank's timing."""
-    side = _side_with_reply_during(step=2, group_of_one=False)
-    side.event_loop_edge_acc_decode()
-    ev = side.events
-    # Taken at the top of the next iteration, as every rank of the group does.
-    assert _at(ev, "process", 2) < _at(ev, "collect", 2) < _at(ev, "run", 4), ev
-
-
-def test_a_prefill_batch_waits_for_decode_steps_only_when_one_holds_released_kv():
-    """A launched step still writes the slots of a request released since; other steps touch no slot
-    the allocator can hand to a prefill batch."""
-    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
-    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
-    from sglang.srt.sampling.sampling_params import SamplingParams
-
-    from sglang_edgeacc.edge_acc_server.decode_side import decode_steps_hold_released
-
-    pool = ReqToTokenPool(size=4, max_context_len=16, device="cpu", enable_memory_saver=False)
-    reqs = [Req(f"r{i}", "", [1, 2, 3], SamplingParams(max_new_tokens=4)) for i in range(3)]
-    for req, row in zip(reqs, pool.alloc(reqs)):
-        req.kv.req_pool_idx = row
-    pending = deque([(ScheduleBatch(reqs=reqs[:2]).copy(), None), (ScheduleBatch(reqs=reqs).copy(), None)])
-    assert not decode_steps_hold_released(pending)
-    assert not decode_steps_hold_released(deque())
-    pool.free(reqs[2])  # finished on a stop token while the second step runs
-    assert decode_steps_hold_released(pending)
-    pending.pop()  # that step's result is processed: it has completed
-    assert not decode_steps_hold_released(pending)

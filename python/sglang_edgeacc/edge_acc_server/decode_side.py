@@ -37,20 +37,6 @@ logger = logging.getLogger(__name__)
 # While a prefill is in flight and there is nothing to decode, wait on the
 # channel rather than spin.
 IDLE_WAIT_MS = 5
-# While a decode step runs and a prefill reply is due, how often the host looks at both.
-REPLY_POLL_S = 0.0002
-
-
-def decode_steps_hold_released(pending_steps) -> bool:
-    """Whether a launched, unprocessed decode step holds a request whose KV was given back.
-
-    A request released after its step was launched (finished on a stop token,
-    aborted, retracted) gave back slots that step still writes and a req_to_token
-    row it still reads; a prefill batch handed those must wait for the step. Any
-    other launched step touches only slots held by running requests and the
-    tree's, which the allocator cannot hand out, so the batch need not wait for it.
-    """
-    return any(not req.kv.holds_kv for batch, _ in pending_steps for req in batch.reqs)
 
 
 def queued_prompt_tokens(waiting_queue, chunked_req) -> int:
@@ -221,15 +207,8 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
                         self.result_queue.append((batch.copy(), result))
                     else:
                         self._edge_process_decode_result(batch, result)
-                # The previous step's result, while this step runs on the device. A reply
-                # may be merged meanwhile unless this step still samples from the batch
-                # object the merge would grow.
-                may_merge = result is None or result.delay_sample_func is None
+                # The previous step's result, while this step runs on the device.
                 while len(self.result_queue) > (1 if batch is not None else 0):
-                    if may_merge and self._edge_reply_before(self.result_queue[0][1]):
-                        self._edge_collect_prefill()
-                        if not self.prefill_link.busy:
-                            self._edge_dispatch_prefill()
                     self._edge_process_decode_result(*self.result_queue.popleft())
                 # Grammar batches sample after the previous result advanced their grammars.
                 self.launch_batch_sample_if_needed(result, batch)
@@ -271,26 +250,6 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         time.sleep(wait_s)
         return True
 
-    def _edge_reply_before(self, result) -> bool:
-        """Wait for a decode step's result, or for the prefill reply if it comes first (then True).
-
-        The prefill side idles from its reply until the decode loop takes it and
-        hands over the next batch, and the reply's first tokens wait as long: taking
-        it while the step runs, not after, saves up to a decode step on both. Only
-        where this rank takes replies alone (see :meth:`_edge_pace`).
-        """
-        link = self.prefill_link
-        if not link.busy or not link.replies_taken_alone or self.require_mlp_sync:
-            return False
-        done = getattr(result, "copy_done", None)
-        if done is None:
-            return link.wait_readable(0)
-        while not done.query():
-            if link.wait_readable(0):
-                return True
-            time.sleep(REPLY_POLL_S)
-        return False
-
     def _edge_process_decode_result(self, batch, result) -> None:
         self.process_batch_result(batch, result)
         self.decode_step_times.record(batch, prefill_in_flight=self.prefill_link.busy)
@@ -313,9 +272,6 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
     def _edge_dispatch_prefill(self) -> None:
         from sglang.srt.managers.overlap_utils import resolve_forward_inputs
 
-        # Decided before admission allocates: a request released by a step in flight
-        # may be admitted again in this batch, holding KV once more.
-        after_decode_steps = decode_steps_hold_released(self.result_queue)
         plan = self.get_new_batch_prefill(self.running_batch)
         self.running_batch = plan.running_batch
         batch = plan.batch_to_run
@@ -330,7 +286,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         if batch.extend_num_tokens:
             self.processed_tokens_counter += batch.extend_num_tokens
         resolve_forward_inputs(batch, self.future_map)
-        written = self.prefill_link.signal_inputs(self.forward_stream, after_decode_steps)
+        written = self.prefill_link.signal_inputs(self.forward_stream)
         load = {}
         if self.decode_step_times.enabled:
             # What the policy needs: the ITL just seen, the queue, and the decode

@@ -189,22 +189,20 @@ class PrefillLink:
                 f"with code {self._proc.exitcode}; shutting the server down"
             )
 
-    def signal_inputs(self, forward_stream, after_decode_steps: bool):
+    def signal_inputs(self, forward_stream):
         """A fence the prefill side waits on before its forward.
 
         It covers the batch's slots and req_to_token rows, written on the schedule
-        stream; with ``after_decode_steps`` also every decode step already launched on
-        the forward stream, for when one of those steps still writes a slot this batch
-        was given (a request it decodes was released since; upstream's own order keeps
-        that write before the next forward of the same stream, and the prefill side
-        runs on another stream, in another process). Without it, the prefill starts
-        while the decode step runs instead of after it.
+        stream, and every decode step already launched on the forward stream: a slot
+        this batch reuses may have been freed by a request that step still writes
+        KV for (upstream's own order keeps that write before the next forward of the
+        same stream; the prefill side runs on another stream, in another process).
         """
         current = torch.cuda.current_stream() if torch.cuda.is_available() else None
         if forward_stream is None or current is None or self._fence.mode != "event":
             return self._fence.signal()
         forward_stream.wait_stream(current)
-        return self._fence.signal(forward_stream if after_decode_steps else current)
+        return self._fence.signal(forward_stream)
 
     def send(self, batch, packed: bytes, written, load: dict) -> None:
         """Hand one prefill batch over; ``load`` is what the adaptive split reads, if anything."""
