@@ -49,26 +49,12 @@ COMMON_ARGS = ("--mem-fraction-static", "0.6", "--cuda-graph-max-bs-decode", "12
 # name -> (flags, uses MPS)
 ARMS: dict[str, tuple[tuple[str, ...], bool]] = {
     "upstream": ((), False),
-    "upstream-c2048": (("--chunked-prefill-size", "2048"), False),
-    "upstream-c4096": (("--chunked-prefill-size", "4096"), False),
-    "upstream-c1024": (("--chunked-prefill-size", "1024"), False),
     # Upstream's own answer to decode stalls: decode requests ride along in every prefill chunk.
     "upstream-mixed-c2048": (("--enable-mixed-chunk", "--chunked-prefill-size", "2048"), False),
     "edgeacc": (("--enable-edge-acc",), True),
-    # The default without decode pacing: decode steps back to back while prompts wait.
-    "edgeacc-nopace": (("--enable-edge-acc", "--edge-acc-decode-pacing", "off"), True),
-    "edgeacc-p100": (("--enable-edge-acc", "--edge-acc-prefill-sm-percent", "100"), True),
-    "edgeacc-p100-normal": (("--enable-edge-acc", "--edge-acc-prefill-sm-percent", "100",
-                             "--edge-acc-prefill-mps-priority", "normal"), True),
-    "edgeacc-p90": (("--enable-edge-acc", "--edge-acc-prefill-sm-percent", "90"), True),
-    "edgeacc-p80": (("--enable-edge-acc", "--edge-acc-prefill-sm-percent", "80"), True),
-    "edgeacc-p80-normal": (("--enable-edge-acc", "--edge-acc-prefill-sm-percent", "80",
-                            "--edge-acc-prefill-mps-priority", "normal"), True),
-    "edgeacc-p60": (("--enable-edge-acc", "--edge-acc-prefill-sm-percent", "60"), True),
-    "edgeacc-none": (("--enable-edge-acc", "--edge-acc-sm-partition", "none"), False),
+    # Decode steps spaced to the inter-token target while prompts wait for the prefill side.
+    "edgeacc-pace": (("--enable-edge-acc", "--edge-acc-decode-pacing", "on"), True),
     "edgeacc-adaptive": (("--enable-edge-acc", "--edge-acc-sm-partition", "adaptive"), True),
-    # What the prefill side's CUDA graphs buy, against the memory their pool holds.
-    "edgeacc-eager-prefill": (("--enable-edge-acc", "--cuda-graph-backend-prefill", "disabled"), True),
 }
 
 
@@ -380,6 +366,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arms", default="upstream,edgeacc")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--shape", choices=sorted(serving_models.QWEN3_SHAPES), default="8b",
+                        help="the Qwen3 shape served with dummy weights (32b: the reference deployment's model)")
     parser.add_argument("--platform", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--dry-run", action="store_true", help="tiny model and tiny workloads (checks the script)")
     parser.add_argument("--layout", default="", help="flags added to every arm, e.g. '--tp 2' or "
@@ -411,7 +399,8 @@ def main(argv=None) -> int:
     if args.dry_run:
         model, dummy, vocab = str(serving_models.tiny_model_with_production_tokenizer(workdir / "tiny-prod-tok")), True, 500
     else:
-        model, dummy, vocab = str(serving_models.qwen3_8b_shaped_model(workdir / "qwen3-8b")), True, 151000
+        model = str(serving_models.qwen3_shaped_model(workdir / f"qwen3-{args.shape}", args.shape))
+        dummy, vocab = True, 151000
     results = {"platform": args.platform, "model": model, "common_args": list(COMMON_ARGS),
                "layout": args.layout, "arms": {}}
     def save(arm: str, entry: dict) -> None:

@@ -139,13 +139,25 @@ def write_production_tokenizer(out: pathlib.Path) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps(shipped, indent=2) + "\n")
 
 
+# The reference deployment's model: Qwen3-32B's published shape.
+QWEN3_32B_CONFIG = {**QWEN3_8B_CONFIG, "hidden_size": 5120, "intermediate_size": 25600, "num_hidden_layers": 64,
+                    "num_attention_heads": 64, "max_window_layers": 64}
+QWEN3_SHAPES = {"8b": QWEN3_8B_CONFIG, "32b": QWEN3_32B_CONFIG}
+
+
 def qwen3_8b_shaped_model(out: pathlib.Path | str) -> pathlib.Path:
     """Qwen3-8B's config (serve with ``--load-format dummy``) and a production-sized tokenizer."""
+    return qwen3_shaped_model(out, "8b")
+
+
+def qwen3_shaped_model(out: pathlib.Path | str, shape: str) -> pathlib.Path:
+    """A Qwen3 config of ``shape`` (a key of QWEN3_SHAPES; serve with ``--load-format dummy``) and a
+    production-sized tokenizer."""
     out = pathlib.Path(out)
     if (out / "tokenizer.json").exists() and (out / "config.json").exists():
         return out
     write_production_tokenizer(out)
-    (out / "config.json").write_text(json.dumps(QWEN3_8B_CONFIG, indent=2) + "\n")
+    (out / "config.json").write_text(json.dumps(QWEN3_SHAPES[shape], indent=2) + "\n")
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}) + "\n")
     return out
 
