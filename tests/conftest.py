@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
+import os
+import tempfile
 
 import pytest
 
@@ -27,23 +30,27 @@ def pytest_collection_modifyitems(config, items):
     skip_npu = pytest.mark.skip(reason="needs an Ascend NPU with torch_npu")
     cuda, npu = _has_cuda(), _has_npu()
     for item in items:
-        _assign_worker_group(item)
         if "gpu" in item.keywords and not cuda:
             item.add_marker(skip_gpu)
         if "npu" in item.keywords and not npu:
             item.add_marker(skip_npu)
 
 
-# Files whose tests kill servers or read /dev/shm as a whole run one after another on one worker:
-# a sweep started by one of them would take what another one is about to check.
+# Files whose tests kill servers or sweep /dev/shm as a whole: with the tests on several workers
+# (one file per worker), one of them at a time, since a sweep started by one would take what
+# another is about to check.
 SHARED_SHM_FILES = ("test_server_start.py", "test_shm_reclaim.py", "test_shm_cleanup.py")
+SHM_LOCK = os.path.join(tempfile.gettempdir(), "sglang-edgeacc-shm-tests.lock")
 
 
-def _assign_worker_group(item) -> None:
-    """Under ``--dist loadgroup`` a file runs on one worker, so its pooled servers start once."""
-    name = item.path.name
-    group = "shared-shm" if name in SHARED_SHM_FILES else name
-    item.add_marker(pytest.mark.xdist_group(group))
+@pytest.fixture(scope="module", autouse=True)
+def one_shm_sweeper_at_a_time(request):
+    if request.path.name not in SHARED_SHM_FILES:
+        yield
+        return
+    with open(SHM_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 class ServerPool:
