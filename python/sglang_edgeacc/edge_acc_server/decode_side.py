@@ -20,7 +20,7 @@ import time
 import torch
 from sglang.srt.runtime_context import get_model, get_parallel
 
-from sglang_edgeacc.edge_acc_server import roles
+from sglang_edgeacc.edge_acc_server import roles, upstream_mirror
 from sglang_edgeacc.edge_acc_server.batch_codec import PrefillBatchNotSendable, UnsendablePart, pack_prefill_batch
 from sglang_edgeacc.edge_acc_server.decode_pacing import DecodePacer
 from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStepTimes
@@ -311,8 +311,6 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         return super().is_fully_idle(for_health_check=for_health_check, ignore_waiting=ignore_waiting)
 
     def _edge_dispatch_prefill(self) -> None:
-        from sglang.srt.managers.overlap_utils import resolve_forward_inputs
-
         # Decided before admission allocates: a request released by a step in flight
         # may be admitted again in this batch, holding KV once more.
         after_decode_steps = decode_steps_hold_released(self.result_queue)
@@ -321,15 +319,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         batch = plan.batch_to_run
         if batch is None:
             return
-        # What run_batch does before a forward, minus the forward.
-        self.forward_ct += 1
-        batch.forward_iter = self.forward_ct
-        batch.launch_ts = time.monotonic()
-        batch.after_idle_gap = self._sched_idled
-        self._sched_idled = False
-        if batch.extend_num_tokens:
-            self.processed_tokens_counter += batch.extend_num_tokens
-        resolve_forward_inputs(batch, self.future_map)
+        upstream_mirror.before_forward(self, batch)
         written = self.prefill_link.signal_inputs(self.forward_stream, after_decode_steps)
         load = {}
         if self.decode_step_times.enabled:
@@ -380,47 +370,11 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
             next_token_ids=torch.tensor(reply.next_token_ids, dtype=torch.int64, device=device),
             can_run_cuda_graph=False,
         )
-        # What run_batch does after a forward.
-        self._relay_forward_payload(batch, batch.req_pool_indices, result)
-        batch.input_ids = None
-        self.update_cache_from_scheduler(batch, result)
-        self._copy_auxiliary_output_to_cpu(batch, result)
-        keep = batch.return_logprob or batch.return_hidden_states
-        result.extend_input_len_per_req = list(batch.extend_lens) if keep else None
-        result.extend_logprob_start_len_per_req = batch.extend_logprob_start_lens if batch.return_logprob else None
+        upstream_mirror.after_forward(self, batch, result)
         self.process_batch_result(batch, result)
-        self._edge_merge_prefilled(batch)
+        upstream_mirror.merge_prefilled(self, batch)
         self.edge_acc_stats.record_handoff(time.monotonic() - inflight.sent_at, reply.forward_ms, batch.batch_size(),
                                            tokens=tokens, attention_pairs=pairs)
 
-    def _edge_merge_prefilled(self, batch) -> None:
-        """Upstream's merge of a finished prefill into the running batch (get_next_batch_to_run)."""
-        exclude = []
-        if self.chunked_req is not None:
-            exclude.append(self.chunked_req)
-            if self.chunked_req.extend_end > self.chunked_req.prefix_len:
-                self.stash_chunked_request(self.chunked_req)
-        if batch.chunked_req is not None:
-            exclude.append(batch.chunked_req)
-        batch.filter_batch(reqs_to_exclude=exclude)
-        if batch.is_empty():
-            return
-        if self.running_batch.is_empty():
-            self.running_batch = batch
-        else:
-            self.running_batch.merge_batch(batch)
-        self.running_batch.batch_is_full = False
-
     def _edge_next_decode_batch(self):
-        running = self.running_batch
-        before = running.batch_size()
-        running.filter_batch()
-        if running.batch_size() < before:
-            running.batch_is_full = False
-        batch = None
-        if not running.is_empty() and not running.is_prefill_only:
-            decode = self.update_running_batch(running)
-            batch = decode if decode is not None and not decode.is_empty() else None
-        # DP attention: every decode side of the group enters the same collective
-        # each step; an idle one contributes an IDLE batch.
-        return self.dp_attn_adapter.maybe_prepare_mlp_sync_batch(batch, need_sync=self.require_mlp_sync)
+        return upstream_mirror.next_decode_batch(self)
