@@ -23,7 +23,7 @@ from sglang.srt.runtime_context import get_model, get_parallel
 from sglang_edgeacc.edge_acc_server import roles, upstream_mirror
 from sglang_edgeacc.edge_acc_server.batch_codec import PrefillBatchNotSendable, UnsendablePart, pack_prefill_batch
 from sglang_edgeacc.edge_acc_server.decode_pacing import DecodePacer
-from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStepTimes
+from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStepClock, DecodeStepWindow
 from sglang_edgeacc.edge_acc_server.graph_phases import skip_unused_graph_phase
 from sglang_edgeacc.edge_acc_server.metrics import EdgeAccStats
 from sglang_edgeacc.edge_acc_server.prefill_link import InflightPrefill, PrefillLink
@@ -101,7 +101,9 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         # prefill side is spawned once the pools exist, before this side captures its graphs.
         self.prefill_link = PrefillLink(server_args, port_args, log_prefix=self._edge_log_prefix)
         flags = get_flags(server_args)
-        self.decode_step_times = DecodeStepTimes(enabled=flags.edge_acc_sm_partition == "adaptive")
+        # The one measure of inter-token time; each step feeds the metrics and the adaptive window.
+        self.decode_clock = DecodeStepClock()
+        self.decode_step_window = DecodeStepWindow(enabled=flags.edge_acc_sm_partition == "adaptive")
         self.decode_pacer = DecodePacer(flags.edge_acc_itl_slo_ms if flags.edge_acc_decode_pacing == "on" else 0.0)
         self._edge_spawn_after_capture = False
         self._edge_server_info = {"enabled": True}  # completed once the prefill side is ready
@@ -236,8 +238,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
 
                 if batch is None:
                     self.decode_pacer.idle()
-                    self.decode_step_times.idle()
-                    self.edge_acc_stats.decode_idle()
+                    self.decode_clock.idle()
                     if self.prefill_link.busy:
                         self.prefill_link.wait_readable(IDLE_WAIT_MS)
                     elif self.last_batch is None:
@@ -293,14 +294,14 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
 
     def _edge_process_decode_result(self, batch, result) -> None:
         self.process_batch_result(batch, result)
-        self.decode_step_times.record(batch, prefill_in_flight=self.prefill_link.busy)
+        step = self.decode_clock.result(batch.forward_mode.is_decode(), beside_prefill=self.prefill_link.busy)
+        if step is None:
+            return
+        self.decode_step_window.add(step)
         if self.edge_acc_stats.enabled:
-            if batch.forward_mode.is_decode():
-                # Each request attended to its whole sequence but the token this step appended.
-                context = sum(len(req.origin_input_ids) + len(req.output_ids) - 1 for req in batch.reqs)
-                self.edge_acc_stats.record_decode_step(len(batch.reqs), context, self.prefill_link.busy)
-            else:
-                self.edge_acc_stats.decode_idle()
+            # Each request attended to its whole sequence but the token this step appended.
+            context = sum(len(req.origin_input_ids) + len(req.output_ids) - 1 for req in batch.reqs)
+            self.edge_acc_stats.record_decode_step(step, len(batch.reqs), context)
 
     def is_fully_idle(self, for_health_check=False, ignore_waiting=False) -> bool:
         # The requests of an in-flight prefill batch are in no queue and no
@@ -322,12 +323,12 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         upstream_mirror.before_forward(self, batch)
         written = self.prefill_link.signal_inputs(self.forward_stream, after_decode_steps)
         load = {}
-        if self.decode_step_times.enabled:
+        if self.decode_step_window.enabled:
             # What the policy needs: the ITL just seen, the queue, and the decode
             # load this batch will run next to (it moves the split before that load bites).
             running = self.running_batch.reqs
             load = dict(
-                decode_step_ms=self.decode_step_times.take(),
+                decode_step_ms=self.decode_step_window.take(),
                 queued_tokens=queued_prompt_tokens(self.waiting_queue, self.chunked_req),
                 decode_batch_size=len(running),
                 decode_context_tokens=sum(len(req.origin_input_ids) + len(req.output_ids) for req in running),
