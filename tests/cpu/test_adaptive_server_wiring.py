@@ -14,7 +14,7 @@ from sglang_edgeacc.edge_acc import sm_partition
 from sglang_edgeacc.edge_acc.adaptive_partitions import build_partitions_or_warn
 from sglang_edgeacc.edge_acc.sm_partition import MPS_PERCENT_VAR, child_env
 from sglang_edgeacc.edge_acc_server.decode_side import DecodeSideScheduler, queued_prompt_tokens
-from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStepTimes
+from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStepClock, DecodeStepWindow
 from sglang_edgeacc.edge_acc_server.metrics import EdgeAccStats
 from sglang_edgeacc.edge_acc_server.prefill_side import runner_gpu
 
@@ -42,7 +42,8 @@ class _DecodeSide(DecodeSideScheduler):
     """Only what _edge_process_decode_result reads."""
 
     def __init__(self):
-        self.decode_step_times = DecodeStepTimes(enabled=True)
+        self.decode_clock = DecodeStepClock()
+        self.decode_step_window = DecodeStepWindow(enabled=True)
         self.edge_acc_stats = EdgeAccStats()
         self.prefill_link = SimpleNamespace(busy=False)
 
@@ -55,11 +56,11 @@ def test_decode_steps_count_only_while_a_prefill_batch_runs_next_to_them():
     decode = SimpleNamespace(forward_mode=SimpleNamespace(is_decode=lambda: True))
     for _ in range(4):  # the prefill side is idle: these steps belong to no partition
         side._edge_process_decode_result(decode, None)
-    assert side.decode_step_times.take() == ()
+    assert side.decode_step_window.take() == ()
     side.prefill_link.busy = True
     for _ in range(3):
         side._edge_process_decode_result(decode, None)
-    assert len(side.decode_step_times.take()) == 3
+    assert len(side.decode_step_window.take()) == 3
 
 
 def test_adaptive_without_green_contexts_starts_the_prefill_side_on_the_fixed_mps_split(monkeypatch, caplog):

@@ -17,7 +17,7 @@ import pytest
 
 from sglang_edgeacc.edge_acc_server.decode_pacing import DecodePacer
 from sglang_edgeacc.edge_acc_server.decode_side import DecodeSideScheduler
-from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStepTimes
+from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStepClock, DecodeStepWindow
 from sglang_edgeacc.edge_acc_server.metrics import EdgeAccStats
 
 
@@ -57,7 +57,8 @@ class _RecordingDecodeSide(DecodeSideScheduler):
         self.gracefully_exit = False
         self._engine_paused = False
         self.prefill_link = _RecordingLink(self.events)
-        self.decode_step_times = DecodeStepTimes(enabled=False)
+        self.decode_clock = DecodeStepClock()
+        self.decode_step_window = DecodeStepWindow(enabled=False)
         self.decode_pacer = DecodePacer(itl_slo_ms=50.0)
         self.require_mlp_sync = False
         self.chunked_req = None

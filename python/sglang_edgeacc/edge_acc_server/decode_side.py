@@ -20,10 +20,10 @@ import time
 import torch
 from sglang.srt.runtime_context import get_model, get_parallel
 
-from sglang_edgeacc.edge_acc_server import roles
+from sglang_edgeacc.edge_acc_server import roles, upstream_mirror
 from sglang_edgeacc.edge_acc_server.batch_codec import PrefillBatchNotSendable, UnsendablePart, pack_prefill_batch
 from sglang_edgeacc.edge_acc_server.decode_pacing import DecodePacer
-from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStepTimes
+from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStepClock, DecodeStepWindow
 from sglang_edgeacc.edge_acc_server.graph_phases import skip_unused_graph_phase
 from sglang_edgeacc.edge_acc_server.metrics import EdgeAccStats
 from sglang_edgeacc.edge_acc_server.prefill_link import InflightPrefill, PrefillLink
@@ -87,7 +87,9 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         # prefill side is spawned once the pools exist, before this side captures its graphs.
         self.prefill_link = PrefillLink(server_args, port_args, log_prefix=self._edge_log_prefix)
         flags = get_flags(server_args)
-        self.decode_step_times = DecodeStepTimes(enabled=flags.edge_acc_sm_partition == "adaptive")
+        # The one measure of inter-token time; each step feeds the metrics and the adaptive window.
+        self.decode_clock = DecodeStepClock()
+        self.decode_step_window = DecodeStepWindow(enabled=flags.edge_acc_sm_partition == "adaptive")
         self.decode_pacer = DecodePacer(flags.edge_acc_itl_slo_ms if flags.edge_acc_decode_pacing == "on" else 0.0)
         self._edge_spawn_after_capture = False
         self._edge_server_info = {"enabled": True}  # completed once the prefill side is ready
@@ -215,8 +217,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
 
                 if batch is None:
                     self.decode_pacer.idle()
-                    self.decode_step_times.idle()
-                    self.edge_acc_stats.decode_idle()
+                    self.decode_clock.idle()
                     if self.prefill_link.busy:
                         self.prefill_link.wait_readable(IDLE_WAIT_MS)
                     elif self.last_batch is None:
@@ -252,14 +253,14 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
 
     def _edge_process_decode_result(self, batch, result) -> None:
         self.process_batch_result(batch, result)
-        self.decode_step_times.record(batch, prefill_in_flight=self.prefill_link.busy)
+        step = self.decode_clock.result(batch.forward_mode.is_decode(), beside_prefill=self.prefill_link.busy)
+        if step is None:
+            return
+        self.decode_step_window.add(step)
         if self.edge_acc_stats.enabled:
-            if batch.forward_mode.is_decode():
-                # Each request attended to its whole sequence but the token this step appended.
-                context = sum(len(req.origin_input_ids) + len(req.output_ids) - 1 for req in batch.reqs)
-                self.edge_acc_stats.record_decode_step(len(batch.reqs), context, self.prefill_link.busy)
-            else:
-                self.edge_acc_stats.decode_idle()
+            # Each request attended to its whole sequence but the token this step appended.
+            context = sum(len(req.origin_input_ids) + len(req.output_ids) - 1 for req in batch.reqs)
+            self.edge_acc_stats.record_decode_step(step, len(batch.reqs), context)
 
     def is_fully_idle(self, for_health_check=False, ignore_waiting=False) -> bool:
         # The requests of an in-flight prefill batch are in no queue and no
@@ -270,30 +271,20 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         return super().is_fully_idle(for_health_check=for_health_check, ignore_waiting=ignore_waiting)
 
     def _edge_dispatch_prefill(self) -> None:
-        from sglang.srt.managers.overlap_utils import resolve_forward_inputs
-
         plan = self.get_new_batch_prefill(self.running_batch)
         self.running_batch = plan.running_batch
         batch = plan.batch_to_run
         if batch is None:
             return
-        # What run_batch does before a forward, minus the forward.
-        self.forward_ct += 1
-        batch.forward_iter = self.forward_ct
-        batch.launch_ts = time.monotonic()
-        batch.after_idle_gap = self._sched_idled
-        self._sched_idled = False
-        if batch.extend_num_tokens:
-            self.processed_tokens_counter += batch.extend_num_tokens
-        resolve_forward_inputs(batch, self.future_map)
+        upstream_mirror.before_forward(self, batch)
         written = self.prefill_link.signal_inputs(self.forward_stream)
         load = {}
-        if self.decode_step_times.enabled:
+        if self.decode_step_window.enabled:
             # What the policy needs: the ITL just seen, the queue, and the decode
             # load this batch will run next to (it moves the split before that load bites).
             running = self.running_batch.reqs
             load = dict(
-                decode_step_ms=self.decode_step_times.take(),
+                decode_step_ms=self.decode_step_window.take(),
                 queued_tokens=queued_prompt_tokens(self.waiting_queue, self.chunked_req),
                 decode_batch_size=len(running),
                 decode_context_tokens=sum(len(req.origin_input_ids) + len(req.output_ids) for req in running),
@@ -336,47 +327,11 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
             next_token_ids=torch.tensor(reply.next_token_ids, dtype=torch.int64, device=device),
             can_run_cuda_graph=False,
         )
-        # What run_batch does after a forward.
-        self._relay_forward_payload(batch, batch.req_pool_indices, result)
-        batch.input_ids = None
-        self.update_cache_from_scheduler(batch, result)
-        self._copy_auxiliary_output_to_cpu(batch, result)
-        keep = batch.return_logprob or batch.return_hidden_states
-        result.extend_input_len_per_req = list(batch.extend_lens) if keep else None
-        result.extend_logprob_start_len_per_req = batch.extend_logprob_start_lens if batch.return_logprob else None
+        upstream_mirror.after_forward(self, batch, result)
         self.process_batch_result(batch, result)
-        self._edge_merge_prefilled(batch)
+        upstream_mirror.merge_prefilled(self, batch)
         self.edge_acc_stats.record_handoff(time.monotonic() - inflight.sent_at, reply.forward_ms, batch.batch_size(),
                                            tokens=tokens, attention_pairs=pairs)
 
-    def _edge_merge_prefilled(self, batch) -> None:
-        """Upstream's merge of a finished prefill into the running batch (get_next_batch_to_run)."""
-        exclude = []
-        if self.chunked_req is not None:
-            exclude.append(self.chunked_req)
-            if self.chunked_req.extend_end > self.chunked_req.prefix_len:
-                self.stash_chunked_request(self.chunked_req)
-        if batch.chunked_req is not None:
-            exclude.append(batch.chunked_req)
-        batch.filter_batch(reqs_to_exclude=exclude)
-        if batch.is_empty():
-            return
-        if self.running_batch.is_empty():
-            self.running_batch = batch
-        else:
-            self.running_batch.merge_batch(batch)
-        self.running_batch.batch_is_full = False
-
     def _edge_next_decode_batch(self):
-        running = self.running_batch
-        before = running.batch_size()
-        running.filter_batch()
-        if running.batch_size() < before:
-            running.batch_is_full = False
-        batch = None
-        if not running.is_empty() and not running.is_prefill_only:
-            decode = self.update_running_batch(running)
-            batch = decode if decode is not None and not decode.is_empty() else None
-        # DP attention: every decode side of the group enters the same collective
-        # each step; an idle one contributes an IDLE batch.
-        return self.dp_attn_adapter.maybe_prepare_mlp_sync_batch(batch, need_sync=self.require_mlp_sync)
+        return upstream_mirror.next_decode_batch(self)

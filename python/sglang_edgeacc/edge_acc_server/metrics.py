@@ -8,9 +8,8 @@ write there), so they appear on upstream's ``/metrics`` endpoint.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
-from typing import Optional
+from functools import partial
 
 logger = logging.getLogger(__name__)
 
@@ -22,11 +21,16 @@ class EdgeAccStats:
     last_prefill_forward_ms: float = 0.0
     last_message_bytes: int = 0
     _prometheus: object = field(default=None, repr=False)
-    _last_decode_done: Optional[float] = field(default=None, repr=False)
     _decode_series: dict = field(default_factory=dict, repr=False)
 
-    def enable_prometheus(self, labels: dict[str, str], prefill_sm_percent: int, decode_sm_percent: int) -> None:
-        from prometheus_client import Counter, Gauge, Histogram
+    def enable_prometheus(self, labels: dict[str, str], prefill_sm_percent: int, decode_sm_percent: int,
+                          registry=None) -> None:
+        """``registry``: where the series go; prometheus_client's default registry unless given."""
+        import prometheus_client
+
+        target = prometheus_client.REGISTRY if registry is None else registry
+        Counter, Gauge, Histogram = (partial(kind, registry=target) for kind in (
+            prometheus_client.Counter, prometheus_client.Gauge, prometheus_client.Histogram))
 
         names = list(labels)
         self._prometheus = {
@@ -116,21 +120,16 @@ class EdgeAccStats:
             self._prometheus["prefill_tokens"].inc(tokens)
             self._prometheus["prefill_pairs"].inc(attention_pairs)
 
-    def record_decode_step(self, requests: int, context_tokens: int, beside_prefill: bool) -> None:
-        """One decode result processed; timed against the previous one, unless the loop idled in between."""
-        now = time.perf_counter()
-        last, self._last_decode_done = self._last_decode_done, now
-        if not self._prometheus or last is None:
+    def record_decode_step(self, step, requests: int, context_tokens: int) -> None:
+        """One timed decode step (a :class:`~sglang_edgeacc.edge_acc_server.decode_step_times.DecodeStep`,
+        from the decode side's step clock), its requests and the KV tokens they attended to."""
+        if not self._prometheus:
             return
-        steps, seconds, in_step, context = self._decode_series[beside_prefill]
+        steps, seconds, in_step, context = self._decode_series[step.beside_prefill]
         steps.inc()
-        seconds.inc(now - last)
+        seconds.inc(step.seconds)
         in_step.inc(requests)
         context.inc(context_tokens)
-
-    def decode_idle(self) -> None:
-        """No decode step this iteration: the next one starts a new interval."""
-        self._last_decode_done = None
 
     def record_message(self, nbytes: int) -> None:
         self.last_message_bytes = nbytes
