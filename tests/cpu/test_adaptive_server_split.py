@@ -112,7 +112,7 @@ def _create_on_rank(rank: int) -> bool:
 
     # Rank 1's GPU cannot make green contexts; rank 0's can.
     adaptive.build_partitions_or_warn = lambda **kw: _Partitions() if rank == 0 else None
-    adaptive._partition_gauge = lambda *a: None
+    adaptive.prefill_partition_gauge = lambda *a: None
     flags = type("Flags", (), {"edge_acc_itl_slo_ms": 50.0, "edge_acc_ttft_slo_ms": 2000.0})()
     split = AdaptiveSplit.create(flags, torch.device("cuda", rank), rank, group=dist.group.WORLD)
     return split is not None

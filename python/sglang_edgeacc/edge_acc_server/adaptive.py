@@ -18,6 +18,7 @@ import torch
 
 from sglang_edgeacc.edge_acc.adaptive_partitions import GreenContextPartitions, build_partitions_or_warn
 from sglang_edgeacc.edge_acc.adaptive_split import AdaptiveSplitConfig, AdaptiveSplitPolicy
+from sglang_edgeacc.edge_acc_server.metrics import prefill_partition_gauge
 from sglang_edgeacc.edge_acc_server.group_consensus import all_ranks_agree, is_group_leader, leader_decides
 
 logger = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ class AdaptiveSplit:
         policy = AdaptiveSplitPolicy(config, len(partitions), sm_counts=partitions.sm_counts,
                                      total_sms=partitions.total_sms, unconfined_top=partitions.whole_gpu_top)
         split = cls(partitions=partitions, policy=policy, tp_rank=tp_rank, group=group)
-        split._gauge = _partition_gauge(tp_rank, dp_rank)
+        split._gauge = prefill_partition_gauge(tp_rank, dp_rank)
         return split
 
     @property
@@ -93,16 +94,3 @@ class AdaptiveSplit:
     def observe(self, work, forward_ms: float, tokens: int) -> None:
         if self.decides:
             self.policy.observe_prefill(forward_ms, tokens, work.queued_tokens)
-
-
-def _partition_gauge(tp_rank: int, dp_rank: int):
-    """The SMs of the partition in use, on upstream's /metrics (None without --enable-metrics)."""
-    from sglang.srt.runtime_context import get_observability
-
-    if not get_observability().enable_metrics:
-        return None
-    from prometheus_client import Gauge
-
-    return Gauge("sglang_edgeacc_prefill_partition_sms", "SMs of the green-context partition the prefill side uses.",
-                 ["tp_rank", "dp_rank"], multiprocess_mode="mostrecent").labels(tp_rank=str(tp_rank),
-                                                                                dp_rank=str(dp_rank))
