@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import fcntl
 import importlib.util
-import os
-import tempfile
 
 import pytest
 
@@ -34,23 +31,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
         if "npu" in item.keywords and not npu:
             item.add_marker(skip_npu)
-
-
-# Files whose tests kill servers or sweep /dev/shm as a whole: with the tests on several workers
-# (one file per worker), one of them at a time, since a sweep started by one would take what
-# another is about to check.
-SHARED_SHM_FILES = ("test_server_start.py", "test_shm_reclaim.py", "test_shm_cleanup.py")
-SHM_LOCK = os.path.join(tempfile.gettempdir(), "sglang-edgeacc-shm-tests.lock")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_shm_sweeper_at_a_time(request):
-    if request.path.name not in SHARED_SHM_FILES:
-        yield
-        return
-    with open(SHM_LOCK, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
 
 
 class ServerPool:
