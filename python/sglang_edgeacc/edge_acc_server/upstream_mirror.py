@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import time
 
-UPSTREAM_VERSION = "0.5.23"
-
 
 def before_forward(scheduler, batch) -> None:
     """``sglang.srt.managers.scheduler.Scheduler.run_batch``: its bookkeeping before the forward.
@@ -126,8 +124,8 @@ def next_decode_batch(scheduler):
     Left out: the prefill part (``_should_defer_prefill``, ``get_new_batch_prefill``
     and the speculative DP pre-sync): this side schedules prefill batches apart,
     in its hand-off. Not run on this side at all: ``process_pending_chunked_abort``
-    (a client abort of the request being chunked stays pending, and the request
-    is served to its end) and ``_process_hicache_events`` (hierarchical-cache
+    (an abort of the request being chunked is left pending here; what that
+    means for the client is not verified) and ``_process_hicache_events`` (hierarchical-cache
     events). After the MLP sync:
     ``maybe_convert_decode_to_extend`` (it converts only when a peer rank runs an
     extend in the same step, and decode sides never do), the prefill-decode
