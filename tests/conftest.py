@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 
+import psutil
 import pytest
 
 from tests.harness import CpuServer
@@ -34,24 +35,32 @@ def pytest_collection_modifyitems(config, items):
 
 
 class ServerPool:
-    """One server per distinct flag set, started on first use, stopped at session end.
+    """One server per distinct flag set (and environment), started on first use and kept for the session.
 
-    The CI machine has 2 cores: at most ``MAX_ALIVE`` servers run at once (the
-    least recently used one is stopped first), enough to compare two launches.
+    A kept server that no test is using is paused: SIGSTOP to its process group, SIGCONT when
+    a test asks for it again. Idle servers are not free on two cores (DP ranks poll each other
+    without pause), paused ones cost only memory. The least recently used one is stopped when
+    ``MAX_KEPT`` are kept or when memory runs low.
     """
 
-    MAX_ALIVE = 2
+    MAX_KEPT = 6
+    MIN_AVAILABLE_BYTES = 6 << 30  # what a new server and the test beside it may take
 
     def __init__(self):
         self._servers: dict[tuple, CpuServer] = {}
 
     def get(self, *args: str, env: dict[str, str] | None = None) -> CpuServer:
-        """The server of ``args`` (launched with ``env`` added to its environment)."""
+        """The server of ``args`` (launched with ``env`` added to its environment), running."""
         key = (args, tuple(sorted((env or {}).items())))
-        if key in self._servers:
-            self._servers[key] = self._servers.pop(key)  # most recently used last
-            return self._servers[key]
-        while len(self._servers) >= self.MAX_ALIVE:
+        server = self._servers.pop(key, None)
+        if server is not None:
+            server.resume()
+            if server.proc.poll() is None:
+                self._servers[key] = server  # most recently used last
+                return server
+            server.stop()  # it died under an earlier test: start it again
+        while self._servers and (len(self._servers) >= self.MAX_KEPT
+                                 or psutil.virtual_memory().available < self.MIN_AVAILABLE_BYTES):
             self._release_key(next(iter(self._servers)))
         self._servers[key] = CpuServer(args=args).start(env=env)
         return self._servers[key]
@@ -63,6 +72,10 @@ class ServerPool:
         server = self._servers.pop(key, None)
         if server is not None:
             server.stop()
+
+    def pause_all(self) -> None:
+        for server in self._servers.values():
+            server.pause()
 
     def stop_all(self) -> None:
         for key in list(self._servers):
@@ -76,3 +89,10 @@ def cpu_servers():
         yield pool
     finally:
         pool.stop_all()
+
+
+@pytest.fixture(autouse=True)
+def _pause_pooled_servers_between_tests(request):
+    yield
+    if "cpu_servers" in request.fixturenames:
+        request.getfixturevalue("cpu_servers").pause_all()

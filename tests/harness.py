@@ -111,6 +111,13 @@ def cpu_server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+# The launch most CPU server tests share: one plain and one EdgeAcc server of it serve the whole
+# session (tests/conftest.py keeps them). Small chunks so that prompts are chunked; the features the
+# API kits and the sampling checks use; metrics for the EdgeAcc series.
+SHARED_LAUNCH = ("--chunked-prefill-size", "128", "--enable-custom-logit-processor", "--grammar-backend", "xgrammar",
+                 "--enable-return-hidden-states", "--enable-metrics")
+SHARED_EDGE_ACC_LAUNCH = (*SHARED_LAUNCH, "--enable-edge-acc")
+
 GPU_BACKEND_ARGS = ("--attention-backend", "triton", "--sampling-backend", "pytorch")
 
 
@@ -242,6 +249,20 @@ class SglangServer:
                 pass
         return removed
 
+    def pause(self) -> None:
+        """SIGSTOP every process of the server (its process group): a kept server costs no CPU."""
+        self._signal_group(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal_group(signal.SIGCONT)
+
+    def _signal_group(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
     def stop(self, timeout: float = 30.0, remove_shm: bool = True) -> None:
         """SIGTERM the server's process group, SIGKILL what is left after ``timeout``.
 
@@ -253,6 +274,7 @@ class SglangServer:
             return
         self.observe()
         tree = [psutil.Process(self.proc.pid)] + self.descendants() if self.proc.poll() is None else []
+        self.resume()  # a paused server handles its SIGTERM only once continued
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
         except ProcessLookupError:

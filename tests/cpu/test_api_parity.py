@@ -67,11 +67,11 @@ from sglang.test.kits.matched_stop_kit import MatchedStopMixin
 from sglang.test.kits.regex_constrained_kit import RegexConstrainedMixin
 
 from sglang_edgeacc.tiny_model import model_dir
+from tests.harness import SHARED_EDGE_ACC_LAUNCH, SHARED_LAUNCH
 
 pytestmark = pytest.mark.server
 
-PLAIN = ("--chunked-prefill-size", "128", "--enable-custom-logit-processor", "--grammar-backend", "xgrammar")
-EDGE = (*PLAIN, "--enable-edge-acc")
+PLAIN, EDGE = SHARED_LAUNCH, SHARED_EDGE_ACC_LAUNCH
 ARMS = {"plain": PLAIN, "edge_acc": EDGE}
 
 MODEL = "default"  # the served model answers to any name; the kits send this one

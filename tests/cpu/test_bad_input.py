@@ -16,13 +16,12 @@ import requests
 
 from tests.bad_requests import BAD_INPUTS, empty_prompt_outcome, send_half_a_request
 from tests.fault_injection import edgeacc_faults
-from tests.harness import CpuServer
+from tests.harness import SHARED_EDGE_ACC_LAUNCH, SHARED_LAUNCH, CpuServer
 
 pytestmark = pytest.mark.server
 
-# The launch of tests/cpu/test_api_parity.py: the two modules share the two pooled servers.
-PLAIN = ("--chunked-prefill-size", "128", "--enable-custom-logit-processor", "--grammar-backend", "xgrammar")
-EDGE = (*PLAIN, "--enable-edge-acc")
+# The shared launch: the pooled servers of most server tests.
+PLAIN, EDGE = SHARED_LAUNCH, SHARED_EDGE_ACC_LAUNCH
 LAUNCHES = {"plain": PLAIN, "edge_acc": EDGE}
 
 PROBE = "The quick brown fox"
@@ -134,7 +133,6 @@ def test_a_client_that_closes_halfway_through_its_body_does_not_harm_the_server(
 
 def test_without_request_validation_an_empty_prompt_takes_the_server_down(cpu_servers):
     """What the ``request_validation`` patch prevents, on the same sglang: the tests above fail without it."""
-    cpu_servers.stop_all()  # two cores: this server runs alone
     server = CpuServer(args=PLAIN)
     server.start(env=edgeacc_faults.server_env(**{edgeacc_faults.WITHOUT_PATCHES_ENV: "request_validation"}))
     try:

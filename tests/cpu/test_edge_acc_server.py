@@ -21,7 +21,7 @@ import requests
 
 from tests import harness
 from tests.fault_injection import edgeacc_faults
-from tests.harness import CpuServer, assert_nothing_left
+from tests.harness import SHARED_EDGE_ACC_LAUNCH, SHARED_LAUNCH, CpuServer, assert_nothing_left
 
 pytestmark = pytest.mark.server
 
@@ -93,7 +93,7 @@ def _abort_mid_stream(server) -> None:
 
 
 LAUNCHES = {
-    "tp1": ("--chunked-prefill-size", "128", "--enable-return-hidden-states"),
+    "tp1": SHARED_LAUNCH,
     "tp1_no_overlap": ("--chunked-prefill-size", "128", "--disable-overlap-schedule"),
     "tp2_page16": ("--tp", "2", "--page-size", "16", "--chunked-prefill-size", "128"),
 }
@@ -104,7 +104,6 @@ def test_edge_acc_matches_upstream(cpu_servers, launch):
     args = LAUNCHES[launch]
     hidden = "--enable-return-hidden-states" in args
     expected = _outputs(cpu_servers.get(*args), hidden)
-    cpu_servers.release(*args)  # two cores: one server at a time
     edge = cpu_servers.get(*args, "--enable-edge-acc")
     assert _outputs(edge, hidden) == expected
     if hidden:  # the prompt's last position (computed by the prefill side), then one per decode step
@@ -125,18 +124,21 @@ def test_edge_acc_matches_upstream(cpu_servers, launch):
     started = [line for line in log.splitlines() if "EdgeAcc on." in line]
     tp = 2 if "--tp" in args else 1
     assert len(started) == 1 and all(f"tp{rank}: decode side pid" in started[0] for rank in range(tp)), started
+    if args != SHARED_LAUNCH:  # used here only
+        cpu_servers.release(*args)
+        cpu_servers.release(*args, "--enable-edge-acc")
 
 
 def test_edge_acc_adaptive_split_matches_upstream(cpu_servers):
     """The decode side measures its steps and sends its load with every batch (chunked
     prompts included); on a platform without SMs the prefill side says it runs unconfined."""
-    args = ("--chunked-prefill-size", "128")
-    expected = _outputs(cpu_servers.get(*args))
-    cpu_servers.release(*args)
-    edge = cpu_servers.get(*args, "--enable-edge-acc", "--edge-acc-sm-partition", "adaptive",
-                           "--edge-acc-itl-slo-ms", "40", "--edge-acc-ttft-slo-ms", "3000")
+    adaptive = ("--enable-edge-acc", "--edge-acc-sm-partition", "adaptive",
+                "--edge-acc-itl-slo-ms", "40", "--edge-acc-ttft-slo-ms", "3000")
+    expected = _outputs(cpu_servers.get(*SHARED_LAUNCH))
+    edge = cpu_servers.get(*SHARED_LAUNCH, *adaptive)
     assert _outputs(edge) == expected
     log = edge.log_tail(10**7)
+    cpu_servers.release(*SHARED_LAUNCH, *adaptive)  # used here only
     assert "--edge-acc-sm-partition adaptive: the cpu platform has no SMs to partition; running unconfined" in log
 
 
@@ -154,10 +156,9 @@ def _lone_then_burst(server) -> dict:
     ids=["dp_attention_tp2_dp2", "dp2"],
 )
 def test_edge_acc_with_data_parallelism_matches_upstream(cpu_servers, launch):
-    expected = _lone_then_burst(cpu_servers.get(*launch))
-    cpu_servers.release(*launch)  # two cores: one server at a time
+    expected = _lone_then_burst(cpu_servers.get(*launch))  # kept: test_server_cpu_platform.py serves it too
     got = _lone_then_burst(cpu_servers.get(*launch, "--enable-edge-acc"))
-    cpu_servers.release(*launch, "--enable-edge-acc")
+    cpu_servers.release(*launch, "--enable-edge-acc")  # used here only
     assert got["lone"] == expected["lone"]
     assert got["burst"] == expected["burst"]
     # Both DP groups served: requests of one group never came back from the other.
@@ -245,7 +246,7 @@ def test_a_prefill_side_that_exits_before_connecting_fails_the_start_with_its_ex
 
 
 def test_edge_acc_metrics_on_upstream_endpoint(cpu_servers):
-    server = cpu_servers.get("--enable-edge-acc", "--enable-metrics")
+    server = cpu_servers.get(*SHARED_EDGE_ACC_LAUNCH)
     server.generate("metrics please", max_new_tokens=4)
     text = requests.get(f"{server.url}/metrics", timeout=30).text
     for series in ("sglang_edgeacc_prefill_handoff_seconds", "sglang_edgeacc_prefill_batches",
@@ -254,7 +255,7 @@ def test_edge_acc_metrics_on_upstream_endpoint(cpu_servers):
 
 
 def test_server_info_says_edge_acc_is_on_with_its_split_and_both_sides_pids(cpu_servers):
-    server = cpu_servers.get("--enable-edge-acc", "--enable-metrics")  # the launch of the test above
+    server = cpu_servers.get(*SHARED_EDGE_ACC_LAUNCH)
     info = requests.get(f"{server.url}/get_server_info", timeout=30).json()
     (state,) = info["internal_states"]  # one scheduler, one DP rank
     entry = state["edge_acc"]
@@ -278,7 +279,7 @@ PREFILL_LINE = re.compile(r"\[[^\]]* edgeacc-prefill\] ")
 
 
 def test_every_prefill_side_line_says_it_is_the_prefill_side(cpu_servers):
-    server = cpu_servers.get("--enable-edge-acc", "--enable-metrics")
+    server = cpu_servers.get(*SHARED_EDGE_ACC_LAUNCH)
     lines = server.log_tail(10**7).splitlines()
     prefill = {line for line in lines if PREFILL_LINE.match(line)}
     assert any(line.endswith("[edgeacc prefill tp0] ready") for line in prefill), "no prefill side line is marked"

@@ -15,6 +15,7 @@ import pytest
 import requests
 
 from benchmarks import gpu_share
+from tests.harness import SHARED_EDGE_ACC_LAUNCH
 
 QWEN3_8B = {"hidden_size": 4096, "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
             "head_dim": 128, "intermediate_size": 12288, "vocab_size": 151936}
@@ -55,7 +56,7 @@ def test_shares_turn_counter_deltas_into_rates():
 @pytest.mark.server
 def test_a_real_servers_counters_add_up_for_one_request(cpu_servers):
     """The counters count one request's work exactly, and the benchmark's reading of them works."""
-    server = cpu_servers.get("--enable-edge-acc", "--enable-metrics")
+    server = cpu_servers.get(*SHARED_EDGE_ACC_LAUNCH)
     prompt = [random.Random(7 + len(__file__)).randrange(5, 400) for _ in range(300)]
     max_new = 12
     before = gpu_share.scrape(server.url)

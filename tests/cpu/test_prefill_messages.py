@@ -19,8 +19,7 @@ def _histogram(text: str, name: str) -> tuple[float, float]:
     return total, count
 
 
-def test_messages_do_not_carry_the_tokenizer_or_the_pool(cpu_servers, tmp_path):
-    cpu_servers.stop_all()  # two cores: this test's server runs alone
+def test_messages_do_not_carry_the_tokenizer_or_the_pool(tmp_path):
     model = serving_models.tiny_model_with_production_tokenizer(tmp_path / "tiny-prod-tok")
     server = SglangServer(args=("--enable-edge-acc", "--enable-metrics", "--max-total-tokens", "400000",
                                 "--chunked-prefill-size", "256"), model_path=str(model))

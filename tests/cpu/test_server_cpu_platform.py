@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from tests.harness import SHARED_LAUNCH
+
 pytestmark = pytest.mark.server
 
 LAUNCHES = {
-    "tp1": (),
+    "tp1": SHARED_LAUNCH,
     "tp2": ("--tp", "2"),
     "dp2": ("--dp", "2"),
     "dp_attention": ("--tp", "2", "--dp", "2", "--enable-dp-attention"),

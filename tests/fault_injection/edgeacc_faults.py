@@ -37,6 +37,11 @@ TAKE_PORT_ENV = "SGLANG_EDGEACC_TEST_TAKE_PORT"
 # side, as a request holding something that cannot cross to the prefill side would.
 UNPICKLABLE_RID_ENV = "SGLANG_EDGEACC_TEST_UNPICKLABLE_RID"
 
+# A prefill batch holding a request whose rid starts with this value takes SLOW_PREFILL_S longer on
+# the prefill side: long enough for a test to act while that batch is in flight.
+SLOW_PREFILL_RID_ENV = "SGLANG_EDGEACC_TEST_SLOW_PREFILL_RID"
+SLOW_PREFILL_S = 1.0
+
 _PREFILL_SCHEDULER = "sglang_edgeacc.edge_acc_server.prefill_side.PrefillSideScheduler"
 _DECODE_SCHEDULER = "sglang_edgeacc.edge_acc_server.decode_side.DecodeSideScheduler"
 # What the launcher exports to a prefill side only (edge_acc_server.roles).
@@ -86,6 +91,16 @@ def _attach_unpicklable(original, self, *args, **kwargs):
         if str(req.rid).startswith(marker):
             req.edgeacc_test_payload = BuiltToBeUnpicklable()
     return original(self, *args, **kwargs)
+
+
+def _slow_prefill(original, self, *args, **kwargs):
+    import time
+
+    batch = original(self, *args, **kwargs)
+    marker = os.environ[SLOW_PREFILL_RID_ENV]
+    if any(str(req.rid).startswith(marker) for req in batch.reqs):
+        time.sleep(SLOW_PREFILL_S)
+    return batch
 
 
 def _skip_sync_when_idle(original, self, batch):
@@ -144,6 +159,8 @@ def install() -> None:
         hooks.append(("_edge_prefill_connect", _exit_before_connect))
     if os.environ.get(FAIL_START_DP_RANK_ENV):
         hooks.append(("_edge_prefill_connect", _fail_after_connect))
+    if os.environ.get(SLOW_PREFILL_RID_ENV):
+        hooks.append(("_edge_unpack_work", _slow_prefill))
     if os.environ.get(SKIP_IDLE_SYNC_ENV) == "1":
         hooks.append(("_edge_join_group_step", _skip_sync_when_idle))
     decode_hooks = []

@@ -193,6 +193,9 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
                 self.edge_acc_stats.record_queues(len(self.waiting_queue), self.running_batch.batch_size())
                 self._edge_collect_prefill()
                 if not self.prefill_link.busy:
+                    # Only between prefill batches: the chunk in flight still writes the KV slots
+                    # that an abort of the request being chunked frees.
+                    self.process_pending_chunked_abort()
                     self._edge_dispatch_prefill()
                 if not self._edge_pace():
                     continue  # a prefill reply came during the wait: hand over the next batch first
@@ -261,6 +264,15 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
             # Each request attended to its whole sequence but the token this step appended.
             context = sum(len(req.origin_input_ids) + len(req.output_ids) - 1 for req in batch.reqs)
             self.edge_acc_stats.record_decode_step(step, len(batch.reqs), context)
+
+    def _collect_inflight_batches(self):
+        # Upstream's own prefill batch stays reachable as last_batch while it runs; here the
+        # batch at the prefill side is in neither, and an abort must still reach its requests
+        # (they then finish when its result is processed, as upstream's do).
+        batches = super()._collect_inflight_batches()
+        if self.prefill_link.inflight is not None:
+            batches.append(self.prefill_link.inflight.batch)
+        return batches
 
     def is_fully_idle(self, for_health_check=False, ignore_waiting=False) -> bool:
         # The requests of an in-flight prefill batch are in no queue and no

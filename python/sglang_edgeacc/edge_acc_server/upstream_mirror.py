@@ -123,10 +123,9 @@ def next_decode_batch(scheduler):
 
     Left out: the prefill part (``_should_defer_prefill``, ``get_new_batch_prefill``
     and the speculative DP pre-sync): this side schedules prefill batches apart,
-    in its hand-off. Not run on this side at all: ``process_pending_chunked_abort``
-    (an abort of the request being chunked is left pending here; what that
-    means for the client is not verified) and ``_process_hicache_events`` (hierarchical-cache
-    events). After the MLP sync:
+    in its hand-off, which also runs ``process_pending_chunked_abort`` (only while no
+    prefill batch is in flight). Not run on this side at all: ``_process_hicache_events``
+    (hierarchical-cache events). After the MLP sync:
     ``maybe_convert_decode_to_extend`` (it converts only when a peer rank runs an
     extend in the same step, and decode sides never do), the prefill-decode
     interval (``_arm_prefill_decode_interval``; nothing here defers a prefill), the

@@ -85,7 +85,13 @@ One row per module of ``PATCH_MODULES`` (a test checks that every row exists).
   upstream's internal-state query (``get_internal_state``; ``/get_server_info``
   lists one answer per DP rank under ``internal_states``): EdgeAcc on, the SM
   split in effect on each side, and the pids of both sides of every rank of
-  its attention-TP group, gathered once at start. Removable
+  its attention-TP group, gathered once at start. An abort looks where upstream
+  keeps its in-flight batches (``_collect_inflight_batches``: the running and
+  the last batch); the decode side adds the batch at its prefill side, whose
+  requests then finish with the abort when its result is processed, as
+  upstream's own prefill batch's do, and it runs upstream's
+  ``process_pending_chunked_abort`` between prefill batches (never while a
+  chunk of the aborted request is still being written). Removable
   when upstream ships intra-GPU P/D disaggregation (or a scheduler extension
   point that carries it).
 * ``npu_preflight`` — target: resolution step ``handle_npu_backends``

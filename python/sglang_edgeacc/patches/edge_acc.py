@@ -137,6 +137,8 @@ PATCH = Patch(
                params=("self", "batch", "future_indices", "batch_result")),
         Target(f"{SCHEDULER}.Scheduler._copy_auxiliary_output_to_cpu", params=("self", "batch", "result")),
         Target(f"{SCHEDULER}.Scheduler.stash_chunked_request", params=("self", "req")),
+        Target(f"{SCHEDULER}.Scheduler._collect_inflight_batches", params=("self",)),
+        Target(f"{SCHEDULER}.Scheduler.process_pending_chunked_abort", params=("self",)),
         Target(f"{SCHEDULER}.Scheduler.update_cache_from_scheduler", params=("self", "schedule_batch", "batch_result")),
         Target(f"{SCHEDULER}.run_scheduler_process"),
         Target(f"{SCHEDULER}.configure_logger", params=("server_args", "prefix")),
