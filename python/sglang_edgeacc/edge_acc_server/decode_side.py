@@ -193,9 +193,6 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
                 self.edge_acc_stats.record_queues(len(self.waiting_queue), self.running_batch.batch_size())
                 self._edge_collect_prefill()
                 if not self.prefill_link.busy:
-                    # Only between prefill batches: the chunk in flight still writes the KV slots
-                    # that an abort of the request being chunked frees.
-                    self.process_pending_chunked_abort()
                     self._edge_dispatch_prefill()
                 if not self._edge_pace():
                     continue  # a prefill reply came during the wait: hand over the next batch first
@@ -283,6 +280,9 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         return super().is_fully_idle(for_health_check=for_health_check, ignore_waiting=ignore_waiting)
 
     def _edge_dispatch_prefill(self) -> None:
+        # Called only between prefill batches: a chunk in flight still writes the KV slots
+        # that an abort of the request being chunked frees.
+        self.process_pending_chunked_abort()
         plan = self.get_new_batch_prefill(self.running_batch)
         self.running_batch = plan.running_batch
         batch = plan.batch_to_run
