@@ -50,8 +50,12 @@ class ServerPool:
         self._servers: dict[tuple, CpuServer] = {}
 
     def get(self, *args: str, env: dict[str, str] | None = None) -> CpuServer:
-        """The server of ``args`` (launched with ``env`` added to its environment), running."""
+        """The server of ``args`` (launched with ``env`` added to its environment), running; every other
+        kept server is paused (a test compares servers one after the other, never side by side)."""
         key = (args, tuple(sorted((env or {}).items())))
+        for other_key, other in self._servers.items():
+            if other_key != key:
+                other.pause()
         server = self._servers.pop(key, None)
         if server is not None:
             server.resume()
