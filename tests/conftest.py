@@ -40,11 +40,12 @@ class ServerPool:
     A kept server that no test is using is paused: SIGSTOP to its process group, SIGCONT when
     a test asks for it again. Idle servers are not free on two cores (DP ranks poll each other
     without pause), paused ones cost only memory. The least recently used one is stopped when
-    ``MAX_KEPT`` are kept or when memory runs low.
+    ``MAX_KEPT`` are kept, and before any test while memory is low.
     """
 
-    MAX_KEPT = 6
-    MIN_AVAILABLE_BYTES = 6 << 30  # what a new server and the test beside it may take
+    MAX_KEPT = 4
+    # What the next test may take: an EdgeAcc --dp 2 server of its own is about 8 GB of processes.
+    MIN_AVAILABLE_BYTES = 10 << 30
 
     def __init__(self):
         self._servers: dict[tuple, CpuServer] = {}
@@ -63,9 +64,9 @@ class ServerPool:
                 self._servers[key] = server  # most recently used last
                 return server
             server.stop()  # it died under an earlier test: start it again
-        while self._servers and (len(self._servers) >= self.MAX_KEPT
-                                 or psutil.virtual_memory().available < self.MIN_AVAILABLE_BYTES):
+        while len(self._servers) >= self.MAX_KEPT:
             self._release_key(next(iter(self._servers)))
+        self.make_room()
         self._servers[key] = CpuServer(args=args).start(env=env)
         return self._servers[key]
 
@@ -77,6 +78,11 @@ class ServerPool:
         if server is not None:
             server.stop()
 
+    def make_room(self) -> None:
+        """Stop kept servers, least recently used first, until the next test has memory to run in."""
+        while self._servers and psutil.virtual_memory().available < self.MIN_AVAILABLE_BYTES:
+            self._release_key(next(iter(self._servers)))
+
     def pause_all(self) -> None:
         for server in self._servers.values():
             server.pause()
@@ -86,17 +92,25 @@ class ServerPool:
             self._release_key(key)
 
 
+_POOL: list[ServerPool] = []  # the session's pool, once a test asked for it
+
+
 @pytest.fixture(scope="session")
 def cpu_servers():
     pool = ServerPool()
+    _POOL.append(pool)
     try:
         yield pool
     finally:
+        _POOL.clear()
         pool.stop_all()
 
 
 @pytest.fixture(autouse=True)
-def _pause_pooled_servers_between_tests(request):
+def _kept_servers_leave_room_and_rest_between_tests():
+    # Every test, also one that starts servers of its own, starts with memory to spare.
+    for pool in _POOL:
+        pool.make_room()
     yield
-    if "cpu_servers" in request.fixturenames:
-        request.getfixturevalue("cpu_servers").pause_all()
+    for pool in _POOL:
+        pool.pause_all()

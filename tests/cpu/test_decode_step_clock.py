@@ -10,18 +10,14 @@ way ``benchmarks/gpu_share.py`` reads ``/metrics``.
 
 from __future__ import annotations
 
-import pathlib
-import sys
 from types import SimpleNamespace
 
 import pytest
 
 from sglang_edgeacc.edge_acc_server.decode_side import DecodeSideScheduler
 from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStep, DecodeStepClock, DecodeStepWindow
+from benchmarks import gpu_share
 from sglang_edgeacc.edge_acc_server.metrics import EdgeAccStats
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
-import gpu_share  # noqa: E402
 
 # Every series the decode side adds to /metrics, its kind and its labels (docs/quickstart.md, "Metrics").
 SERIES = {
