@@ -52,8 +52,8 @@ ARMS: dict[str, tuple[tuple[str, ...], bool]] = {
     # Upstream's own answer to decode stalls: decode requests ride along in every prefill chunk.
     "upstream-mixed-c2048": (("--enable-mixed-chunk", "--chunked-prefill-size", "2048"), False),
     "edgeacc": (("--enable-edge-acc",), True),
-    # Decode steps spaced to the inter-token target while prompts wait for the prefill side.
-    "edgeacc-pace": (("--enable-edge-acc", "--edge-acc-decode-pacing", "on"), True),
+    # Decode steps back to back even while the prefill side has a batch (the default spaces them).
+    "edgeacc-no-pace": (("--enable-edge-acc", "--edge-acc-decode-pacing", "off"), True),
     "edgeacc-adaptive": (("--enable-edge-acc", "--edge-acc-sm-partition", "adaptive"), True),
 }
 

@@ -198,12 +198,14 @@ class _BusyLink(_RecordingLink):
         return False
 
 
-def _paced_side(waiting: bool, reply_before_step: int = 0):
+def _paced_side(prefill_busy: bool, reply_before_step: int = 0):
     clock = _Clock()
     side = _RecordingDecodeSide(overlap=True, steps=4)
     side.decode_pacer = DecodePacer(itl_slo_ms=50.0, clock=clock)
     side.prefill_link = _BusyLink(side.events, clock, side, reply_before_step)
-    side.waiting_queue = ["a prompt"] if waiting else []
+    side.prefill_link.busy = prefill_busy
+    # No prompt queues behind the batch in flight: a lone prompt's prefill is paced for too.
+    side.waiting_queue = []
     collected = []
     side._edge_collect_prefill = lambda: collected.append(side._next)
     run = side.run_batch
@@ -216,8 +218,8 @@ def _paced_side(waiting: bool, reply_before_step: int = 0):
     return side, collected
 
 
-def test_decode_steps_are_spaced_while_prompts_wait_for_the_prefill_side():
-    side, _ = _paced_side(waiting=True)
+def test_decode_steps_are_spaced_while_the_prefill_side_has_a_batch():
+    side, _ = _paced_side(prefill_busy=True)
     side.event_loop_edge_acc_decode()
     ev = side.events
     # 40 ms apart (0.8 of the 50 ms target): each 10 ms step is followed by a 30 ms wait.
@@ -228,15 +230,15 @@ def test_decode_steps_are_spaced_while_prompts_wait_for_the_prefill_side():
     assert [s for what, s in ev if what == "process"] == [1, 2, 3, 4], ev
 
 
-def test_without_waiting_prompts_decode_steps_run_back_to_back():
-    side, _ = _paced_side(waiting=False)
+def test_with_the_prefill_side_idle_decode_steps_run_back_to_back():
+    side, _ = _paced_side(prefill_busy=False)
     side.event_loop_edge_acc_decode()
     ev = side.events
     assert not [e for e in ev[:_at(ev, "run", 4)] if e[0] == "waited"], ev
 
 
 def test_a_prefill_reply_during_the_wait_is_taken_before_the_next_step():
-    side, collected = _paced_side(waiting=True, reply_before_step=3)
+    side, collected = _paced_side(prefill_busy=True, reply_before_step=3)
     side.event_loop_edge_acc_decode()
     ev = side.events
     # The loop went round once more to take the reply (and hand over the next batch), then waited

@@ -2,13 +2,12 @@
 
 The prefill side runs at below-normal MPS priority, so a decode step always gets
 the SMs first; beside a prefill both run slower, and the prefill side keeps only
-about 0.8 of the rate it has alone. While prompts wait for it, that rate is what
-sets the time to first token. Decode has slack whenever its steps finish well
-inside the inter-token target (``--edge-acc-itl-slo-ms``): then the next step
-need not start at once. The pacer spaces decode steps to a fraction of that
-target while prompts are queued behind the prefill batch in flight, and the
-prefill side has the whole GPU in the gaps. With no prompt waiting, decode steps
-run back to back as before, so light loads keep their inter-token latency.
+about 0.8 of the rate it has alone. That rate sets the time to first token, for a
+lone prompt as much as for a queue. Decode has slack whenever its steps finish
+well inside the inter-token target (``--edge-acc-itl-slo-ms``): then the next
+step need not start at once. The pacer spaces decode steps to a fraction of that
+target while the prefill side has a batch, and the prefill side has the whole GPU
+in the gaps. With the prefill side idle, decode steps run back to back.
 """
 
 from __future__ import annotations
@@ -39,9 +38,9 @@ class DecodePacer:
     def enabled(self) -> bool:
         return self.interval_s > 0
 
-    def next_step(self, prompts_waiting: bool, prefill_busy: bool) -> PacingDecision:
-        """How long the next decode step waits: only while prompts queue behind a busy prefill side."""
-        if not (self.enabled and prompts_waiting and prefill_busy) or self._last_launch is None:
+    def next_step(self, prefill_busy: bool) -> PacingDecision:
+        """How long the next decode step waits: only while the prefill side has a batch."""
+        if not (self.enabled and prefill_busy) or self._last_launch is None:
             return PacingDecision(0.0)
         return PacingDecision(max(0.0, self._last_launch + self.interval_s - self._clock()))
 

@@ -228,7 +228,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
             self.prefill_link.stop()
 
     def _edge_pace(self) -> bool:
-        """Wait before the next decode step while prompts queue for a busy prefill side (``decode_pacing``).
+        """Wait before the next decode step while the prefill side has a batch (``decode_pacing``).
 
         Returns False when a prefill reply ended the wait, so the loop takes it and
         hands over the next batch before this step. A reply is taken early only where
@@ -237,13 +237,12 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         ranks do not, so the wait runs out (the decode forward after it brings the
         ranks together).
         """
-        waiting = bool(self.waiting_queue) or self.chunked_req is not None
-        if self.decode_pacer.next_step(waiting, self.prefill_link.busy).wait_s <= 0:
+        if self.decode_pacer.next_step(self.prefill_link.busy).wait_s <= 0:
             return True
         # The tokens of the step already run go out before the wait, not after it.
         while self.result_queue:
             self._edge_process_decode_result(*self.result_queue.popleft())
-        wait_s = self.decode_pacer.next_step(waiting, self.prefill_link.busy).wait_s
+        wait_s = self.decode_pacer.next_step(self.prefill_link.busy).wait_s
         if wait_s <= 0:
             return True
         if self.prefill_link.replies_taken_alone and not self.require_mlp_sync:
