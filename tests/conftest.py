@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import psutil
 import pytest
 
-from tests.harness import CpuServer
+from tests.harness import SHARED_EDGE_ACC_LAUNCH, SHARED_LAUNCH, CpuServer
+
+# Every server a test stops (SIGTERM to its process group) looks crashed to upstream's launcher, which
+# then waits 5 s "to let GPU activity settle" before py-spy and CUDA core dumps; there is no GPU
+# activity here and nothing reads the dumps. Inherited by every process the tests start.
+os.environ.setdefault("SGLANG_PYSPY_DUMP_BEFORE_CRASH", "0")
+os.environ.setdefault("SGLANG_CUDA_COREDUMP_BEFORE_CRASH", "0")
 
 
 def _has_cuda() -> bool:
@@ -39,8 +46,9 @@ class ServerPool:
 
     A kept server that no test is using is paused: SIGSTOP to its process group, SIGCONT when
     a test asks for it again. Idle servers are not free on two cores (DP ranks poll each other
-    without pause), paused ones cost only memory. The least recently used one is stopped when
-    ``MAX_KEPT`` are kept, and before any test while memory is low.
+    without pause), paused ones cost only memory. When ``MAX_KEPT`` are kept, and before any test
+    while memory is low, one is stopped: the least recently used, the two of the shared launch
+    (``harness.SHARED_LAUNCH``, which tests of many files use) only when no other is left.
     """
 
     MAX_KEPT = 4
@@ -65,7 +73,7 @@ class ServerPool:
                 return server
             server.stop()  # it died under an earlier test: start it again
         while len(self._servers) >= self.MAX_KEPT:
-            self._release_key(next(iter(self._servers)))
+            self._release_key(self._next_to_stop())
         self.make_room()
         self._servers[key] = CpuServer(args=args).start(env=env)
         return self._servers[key]
@@ -78,10 +86,14 @@ class ServerPool:
         if server is not None:
             server.stop()
 
+    def _next_to_stop(self) -> tuple:
+        shared = (SHARED_LAUNCH, SHARED_EDGE_ACC_LAUNCH)
+        return next((key for key in self._servers if key[0] not in shared), next(iter(self._servers)))
+
     def make_room(self) -> None:
-        """Stop kept servers, least recently used first, until the next test has memory to run in."""
+        """Stop kept servers until the next test has memory to run in."""
         while self._servers and psutil.virtual_memory().available < self.MIN_AVAILABLE_BYTES:
-            self._release_key(next(iter(self._servers)))
+            self._release_key(self._next_to_stop())
 
     def pause_all(self) -> None:
         for server in self._servers.values():

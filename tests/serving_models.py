@@ -17,6 +17,7 @@ Both are deterministic: the same call writes the same files.
 
 from __future__ import annotations
 
+import functools
 import json
 import pathlib
 import random
@@ -93,6 +94,7 @@ def sensitive_tiny_model(out: pathlib.Path | str) -> pathlib.Path:
     return out
 
 
+@functools.lru_cache(maxsize=2)  # about 30 s to build; several tests of one session read it
 def production_tokenizer_json(vocab_size: int = PRODUCTION_TOKENS, seed: int = 0) -> str:
     """A byte-level BPE with ``vocab_size`` regular tokens and Qwen-style specials.
 

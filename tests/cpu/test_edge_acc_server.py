@@ -22,6 +22,7 @@ import requests
 from tests import harness
 from tests.fault_injection import edgeacc_faults
 from tests.harness import SHARED_EDGE_ACC_LAUNCH, SHARED_LAUNCH, CpuServer, assert_nothing_left
+from tests.cpu.test_server_cpu_platform import check_generate_and_chat
 
 pytestmark = pytest.mark.server
 
@@ -94,8 +95,9 @@ def _abort_mid_stream(server) -> None:
 
 LAUNCHES = {
     "tp1": SHARED_LAUNCH,
-    "tp1_no_overlap": ("--chunked-prefill-size", "128", "--disable-overlap-schedule"),
-    "tp2_page16": ("--tp", "2", "--page-size", "16", "--chunked-prefill-size", "128"),
+    # The overlap schedule is on in every other launch here (upstream's default), so this one turns it off.
+    "tp2_page16_no_overlap": ("--tp", "2", "--page-size", "16", "--chunked-prefill-size", "128",
+                              "--disable-overlap-schedule"),
 }
 
 
@@ -124,6 +126,9 @@ def test_edge_acc_matches_upstream(cpu_servers, launch):
     started = [line for line in log.splitlines() if "EdgeAcc on." in line]
     tp = 2 if "--tp" in args else 1
     assert len(started) == 1 and all(f"tp{rank}: decode side pid" in started[0] for rank in range(tp)), started
+    if args != SHARED_LAUNCH:  # test_server_cpu_platform.py checks the shared launch's plain server
+        check_generate_and_chat(edge)
+        check_generate_and_chat(cpu_servers.get(*args))
     if args != SHARED_LAUNCH:  # used here only
         cpu_servers.release(*args)
         cpu_servers.release(*args, "--enable-edge-acc")
@@ -156,13 +161,17 @@ def _lone_then_burst(server) -> dict:
     ids=["dp_attention_tp2_dp2", "dp2"],
 )
 def test_edge_acc_with_data_parallelism_matches_upstream(cpu_servers, launch):
-    expected = _lone_then_burst(cpu_servers.get(*launch))  # kept: test_server_cpu_platform.py serves it too
-    got = _lone_then_burst(cpu_servers.get(*launch, "--enable-edge-acc"))
-    cpu_servers.release(*launch, "--enable-edge-acc")  # used here only
+    expected = _lone_then_burst(cpu_servers.get(*launch))
+    edge = cpu_servers.get(*launch, "--enable-edge-acc")
+    got = _lone_then_burst(edge)
     assert got["lone"] == expected["lone"]
     assert got["burst"] == expected["burst"]
     # Both DP groups served: requests of one group never came back from the other.
     assert got["dp_ranks"] == [0, 1]
+    check_generate_and_chat(edge)
+    cpu_servers.release(*launch, "--enable-edge-acc")  # used here only
+    check_generate_and_chat(cpu_servers.get(*launch))
+    cpu_servers.release(*launch)
 
 
 def test_idle_dp_group_deadlocks_without_the_idle_batch_fix():
@@ -174,7 +183,7 @@ def test_idle_dp_group_deadlocks_without_the_idle_batch_fix():
         with pytest.raises(requests.exceptions.ReadTimeout):
             requests.post(f"{server.url}/generate",
                           json={"text": "lone", "sampling_params": {"max_new_tokens": 4, "temperature": 0}},
-                          timeout=45)
+                          timeout=20)  # served within seconds with the fix
     finally:
         server.stop()
 

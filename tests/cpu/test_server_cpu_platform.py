@@ -1,4 +1,8 @@
-"""The real sglang 0.5.23 server on the edgeacc_cpu platform, end to end."""
+"""The real sglang 0.5.23 server on the edgeacc_cpu platform, end to end.
+
+The same generate and chat checks run on the TP 2, DP 2 and DP-attention launches in
+``test_edge_acc_server.py``, on the plain and EdgeAcc servers it starts there anyway.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +12,10 @@ from tests.harness import SHARED_LAUNCH
 
 pytestmark = pytest.mark.server
 
-LAUNCHES = {
-    "tp1": SHARED_LAUNCH,
-    "tp2": ("--tp", "2"),
-    "dp2": ("--dp", "2"),
-    "dp_attention": ("--tp", "2", "--dp", "2", "--enable-dp-attention"),
-}
+LAUNCHES = {"tp1": SHARED_LAUNCH}
 
 
-@pytest.mark.parametrize("launch", list(LAUNCHES))
-def test_generate_and_chat(cpu_servers, launch):
-    server = cpu_servers.get(*LAUNCHES[launch])
-
+def check_generate_and_chat(server) -> None:
     out = server.generate("The capital of France is", max_new_tokens=6)
     assert out["meta_info"]["completion_tokens"] == 6
     assert len(out["output_ids"]) == 6
@@ -33,6 +29,10 @@ def test_generate_and_chat(cpu_servers, launch):
     assert chat["usage"]["completion_tokens"] == 5
     # The chat template really ran: the prompt is longer than the message alone.
     assert chat["usage"]["prompt_tokens"] > 3
+
+
+def test_generate_and_chat(cpu_servers):
+    check_generate_and_chat(cpu_servers.get(*LAUNCHES["tp1"]))
 
 
 def test_openai_completions_and_streaming(cpu_servers):
