@@ -58,28 +58,46 @@ class ServerPool:
     def __init__(self):
         self._servers: dict[tuple, CpuServer] = {}
 
+    @staticmethod
+    def _key(args: tuple[str, ...], env: dict[str, str] | None) -> tuple:
+        return args, tuple(sorted((env or {}).items()))
+
     def get(self, *args: str, env: dict[str, str] | None = None) -> CpuServer:
-        """The server of ``args`` (launched with ``env`` added to its environment), running; every other
-        kept server is paused (a test compares servers one after the other, never side by side)."""
-        key = (args, tuple(sorted((env or {}).items())))
+        """The server of ``args`` (launched with ``env`` added to its environment), running and healthy;
+        every other kept server is paused (a test compares servers one after the other, never side by
+        side), except one still starting (see :meth:`prepare`)."""
+        key = self._key(args, env)
         for other_key, other in self._servers.items():
-            if other_key != key:
+            if other_key != key and other.started_s:
                 other.pause()
         server = self._servers.pop(key, None)
         if server is not None:
             server.resume()
             if server.proc.poll() is None:
                 self._servers[key] = server  # most recently used last
-                return server
+                return server if server.started_s else server.wait_healthy()
             server.stop()  # it died under an earlier test: start it again
-        while len(self._servers) >= self.MAX_KEPT:
-            self._release_key(self._next_to_stop())
-        self.make_room()
+        self._make_room_for_one()
         self._servers[key] = CpuServer(args=args).start(env=env)
         return self._servers[key]
 
+    def prepare(self, *launches: tuple[tuple[str, ...], dict[str, str] | None]) -> None:
+        """Launch the servers of ``launches`` (args, env) that are not kept, without waiting: :meth:`get`
+        waits for each. A start leaves a core idle while one process imports; two starts fill it."""
+        for args, env in launches:
+            key = self._key(args, env)
+            if key in self._servers:
+                continue
+            self._make_room_for_one()
+            self._servers[key] = CpuServer(args=args).launch(env=env)
+
+    def _make_room_for_one(self) -> None:
+        while len(self._servers) >= self.MAX_KEPT:
+            self._release_key(self._next_to_stop())
+        self.make_room()
+
     def release(self, *args: str, env: dict[str, str] | None = None) -> None:
-        self._release_key((args, tuple(sorted((env or {}).items()))))
+        self._release_key(self._key(args, env))
 
     def _release_key(self, key) -> None:
         server = self._servers.pop(key, None)
@@ -119,10 +137,12 @@ def cpu_servers():
 
 
 @pytest.fixture(autouse=True)
-def _kept_servers_leave_room_and_rest_between_tests():
-    # Every test, also one that starts servers of its own, starts with memory to spare.
-    for pool in _POOL:
-        pool.make_room()
+def _kept_servers_leave_room_and_rest_between_tests(request):
+    # Every test, also one that starts servers of its own, starts with memory to spare; one that
+    # takes a server the test before it kept must find it still there.
+    if request.node.get_closest_marker("reuses_kept_server") is None:
+        for pool in _POOL:
+            pool.make_room()
     yield
     for pool in _POOL:
         pool.pause_all()

@@ -561,7 +561,9 @@ _SERVERS: dict[str, object] = {}
 
 @pytest.fixture(scope="module", autouse=True)
 def _no_dead_server_left_in_the_pool(cpu_servers):
-    """A server a check killed is dropped from the pool, so later modules start a fresh one."""
+    """Both arms start together; a server a check killed is dropped from the pool, so later modules
+    start a fresh one."""
+    cpu_servers.prepare(*((args, None) for args in ARMS.values()))
     yield
     for arm, server in _SERVERS.items():
         if server.proc.poll() is not None:

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import tempfile
 import time
 
 import psutil
@@ -104,6 +105,7 @@ LAUNCHES = {
 @pytest.mark.parametrize("launch", list(LAUNCHES))
 def test_edge_acc_matches_upstream(cpu_servers, launch):
     args = LAUNCHES[launch]
+    cpu_servers.prepare((args, None), ((*args, "--enable-edge-acc"), None))
     hidden = "--enable-return-hidden-states" in args
     expected = _outputs(cpu_servers.get(*args), hidden)
     edge = cpu_servers.get(*args, "--enable-edge-acc")
@@ -139,6 +141,7 @@ def test_edge_acc_adaptive_split_matches_upstream(cpu_servers):
     prompts included); on a platform without SMs the prefill side says it runs unconfined."""
     adaptive = ("--enable-edge-acc", "--edge-acc-sm-partition", "adaptive",
                 "--edge-acc-itl-slo-ms", "40", "--edge-acc-ttft-slo-ms", "3000")
+    cpu_servers.prepare((SHARED_LAUNCH, None), ((*SHARED_LAUNCH, *adaptive), None))
     expected = _outputs(cpu_servers.get(*SHARED_LAUNCH))
     edge = cpu_servers.get(*SHARED_LAUNCH, *adaptive)
     assert _outputs(edge) == expected
@@ -155,37 +158,45 @@ def _lone_then_burst(server) -> dict:
             "dp_ranks": sorted({r["meta_info"].get("dp_rank") for r in burst} - {None})}
 
 
-@pytest.mark.parametrize(
-    "launch",
-    [("--tp", "2", "--dp", "2", "--enable-dp-attention"), ("--dp", "2")],
-    ids=["dp_attention_tp2_dp2", "dp2"],
-)
+DP_ATTENTION = ("--tp", "2", "--dp", "2", "--enable-dp-attention")
+# The DP-attention EdgeAcc server carries the idle-sync fault, switched off until this file exists:
+# the deadlock test below then reuses it instead of starting one of its own.
+SKIP_IDLE_SYNC_SWITCH = os.path.join(tempfile.gettempdir(), f"edgeacc-test-skip-idle-sync-{os.getpid()}")
+IDLE_SYNC_FAULT = edgeacc_faults.server_env(**{edgeacc_faults.SKIP_IDLE_SYNC_ENV: SKIP_IDLE_SYNC_SWITCH})
+
+
+# DP attention last: the deadlock test right after it takes its EdgeAcc server.
+@pytest.mark.parametrize("launch", [("--dp", "2"), DP_ATTENTION], ids=["dp2", "dp_attention_tp2_dp2"])
 def test_edge_acc_with_data_parallelism_matches_upstream(cpu_servers, launch):
+    edge_env = IDLE_SYNC_FAULT if launch == DP_ATTENTION else None
+    cpu_servers.prepare((launch, None), ((*launch, "--enable-edge-acc"), edge_env))
     expected = _lone_then_burst(cpu_servers.get(*launch))
-    edge = cpu_servers.get(*launch, "--enable-edge-acc")
+    edge = cpu_servers.get(*launch, "--enable-edge-acc", env=edge_env)
     got = _lone_then_burst(edge)
     assert got["lone"] == expected["lone"]
     assert got["burst"] == expected["burst"]
     # Both DP groups served: requests of one group never came back from the other.
     assert got["dp_ranks"] == [0, 1]
     check_generate_and_chat(edge)
-    cpu_servers.release(*launch, "--enable-edge-acc")  # used here only
+    if launch != DP_ATTENTION:  # that one is kept for the deadlock test
+        cpu_servers.release(*launch, "--enable-edge-acc", env=edge_env)
     check_generate_and_chat(cpu_servers.get(*launch))
     cpu_servers.release(*launch)
 
 
-def test_idle_dp_group_deadlocks_without_the_idle_batch_fix():
+@pytest.mark.reuses_kept_server
+def test_idle_dp_group_deadlocks_without_the_idle_batch_fix(cpu_servers):
     """The regression test bites: with the idle-group sync switched off, a lone request hangs."""
-    server = CpuServer(args=("--tp", "2", "--dp", "2", "--enable-dp-attention", "--enable-edge-acc",
-                             "--skip-server-warmup"))
-    server.start(env=edgeacc_faults.server_env(**{edgeacc_faults.SKIP_IDLE_SYNC_ENV: "1"}))
+    server = cpu_servers.get(*DP_ATTENTION, "--enable-edge-acc", env=IDLE_SYNC_FAULT)
+    open(SKIP_IDLE_SYNC_SWITCH, "w").close()
     try:
         with pytest.raises(requests.exceptions.ReadTimeout):
             requests.post(f"{server.url}/generate",
                           json={"text": "lone", "sampling_params": {"max_new_tokens": 4, "temperature": 0}},
                           timeout=20)  # served within seconds with the fix
     finally:
-        server.stop()
+        os.remove(SKIP_IDLE_SYNC_SWITCH)
+        cpu_servers.release(*DP_ATTENTION, "--enable-edge-acc", env=IDLE_SYNC_FAULT)  # hung: stopped
 
 
 def _side_pid(server, role: str) -> int:
@@ -332,16 +343,21 @@ def test_weight_update_from_disk_reaches_the_prefill_side(tmp_path):
     first = _random_checkpoint(tmp_path / "first", seed=1)
     second = _random_checkpoint(tmp_path / "second", seed=2)
     seen = {}
-    for name, extra in (("upstream", ()), ("edge", ("--enable-edge-acc",))):
-        server = CpuServer(args=("--model-path", first, "--load-format", "auto", *extra)).start()
-        try:
+    # Both start at once (each start leaves a core idle for a while), then serve one after the other.
+    servers = {name: CpuServer(args=("--model-path", first, "--load-format", "auto", *extra)).launch()
+               for name, extra in (("upstream", ()), ("edge", ("--enable-edge-acc",)))}
+    try:
+        for name, server in servers.items():
+            server.wait_healthy()
             before = server.generate("The quick brown fox", max_new_tokens=8)["output_ids"]
             reply = requests.post(f"{server.url}/update_weights_from_disk", json={"model_path": second}, timeout=300)
             after = server.generate("The quick brown fox", max_new_tokens=8)["output_ids"]
             seen[name] = (before, reply.json()["success"], after)
-            if extra:  # the decode side checked that the prefill side's mapping still holds the weights
+            if name == "edge":  # the decode side checked that the prefill side's mapping still holds the weights
                 assert "update_weights_from_disk: weights updated in place" in server.log_tail(10**7)
-        finally:
+            server.stop()
+    finally:
+        for server in servers.values():
             server.stop()
     assert seen["edge"] == seen["upstream"]
     before, success, after = seen["edge"]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 # An idle prefill side skips the group's collective, as an unfixed scheduler did:
 # a server with it deadlocks under DP attention, which shows the regression test can fail.
+# "1": from the start; a file's path: while that file exists (a server first checked healthy).
 SKIP_IDLE_SYNC_ENV = "SGLANG_EDGEACC_TEST_SKIP_IDLE_SYNC"
 # The prefill side of this DP rank fails at start, after mapping the shared state (as a
 # prefill side whose port another process took does); the server must then exit, not hang.
@@ -104,7 +105,8 @@ def _slow_prefill(original, self, *args, **kwargs):
 
 
 def _skip_sync_when_idle(original, self, batch):
-    if batch is None:
+    switch = os.environ[SKIP_IDLE_SYNC_ENV]
+    if batch is None and (switch == "1" or os.path.exists(switch)):
         return None  # the loop then sleeps and polls again, outside the collective
     return original(self, batch)
 
@@ -161,7 +163,7 @@ def install() -> None:
         hooks.append(("_edge_prefill_connect", _fail_after_connect))
     if os.environ.get(SLOW_PREFILL_RID_ENV):
         hooks.append(("_edge_unpack_work", _slow_prefill))
-    if os.environ.get(SKIP_IDLE_SYNC_ENV) == "1":
+    if os.environ.get(SKIP_IDLE_SYNC_ENV):
         hooks.append(("_edge_join_group_step", _skip_sync_when_idle))
     decode_hooks = []
     if os.environ.get(UNPICKLABLE_RID_ENV):
