@@ -212,9 +212,24 @@ def _side_pid(server, role: str) -> int:
     raise AssertionError(f"no {role} side among {[(p.pid, p.name()) for p in server.descendants()]}")
 
 
+@pytest.fixture(scope="module")
+def servers_to_kill():
+    """One server for each side to kill, both launched at once (a start leaves a core idle for a while)
+    and healthy before either test times its kill."""
+    servers = {role: CpuServer(args=("--enable-edge-acc", "--skip-server-warmup")).launch()
+               for role in ("prefill", "decode")}
+    try:
+        for server in servers.values():
+            server.wait_healthy()
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
 @pytest.mark.parametrize("role", ["prefill", "decode"])
-def test_killing_either_side_takes_the_server_down(role):
-    server = CpuServer(args=("--enable-edge-acc", "--skip-server-warmup")).start()
+def test_killing_either_side_takes_the_server_down(servers_to_kill, role):
+    server = servers_to_kill[role]
     try:
         tree = [psutil.Process(server.proc.pid)] + server.descendants()
         os.kill(_side_pid(server, role), signal.SIGKILL)

@@ -39,8 +39,21 @@ def _assert_only_upstreams_load_file(left: set[str]) -> None:
     assert len(loads) == 1, f"one load-snapshot file per server (the decode side's), found {sorted(loads)}"
 
 
-def test_sigterm_leaves_nothing_of_edge_acc_in_dev_shm():
-    server = CpuServer(args=EDGE_ACC).start()
+@pytest.fixture(scope="module")
+def launched():
+    """Each test's own server, both launched at once (a start leaves a core idle for a while)."""
+    servers = {stop: CpuServer(args=EDGE_ACC).launch() for stop in ("sigterm", "sigkill")}
+    try:
+        for server in servers.values():
+            server.wait_healthy()
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+def test_sigterm_leaves_nothing_of_edge_acc_in_dev_shm(launched):
+    server = launched["sigterm"]
     try:
         _serve_one_request(server)
         # The shared tensors have no name in /dev/shm even while the server runs.
@@ -53,8 +66,8 @@ def test_sigterm_leaves_nothing_of_edge_acc_in_dev_shm():
     assert server.shm_left() == set(), "the harness removes what the server left"
 
 
-def test_sigkill_of_every_server_process_leaves_nothing_of_edge_acc_in_dev_shm():
-    server = CpuServer(args=EDGE_ACC).start()
+def test_sigkill_of_every_server_process_leaves_nothing_of_edge_acc_in_dev_shm(launched):
+    server = launched["sigkill"]
     try:
         _serve_one_request(server)
         tree = [psutil.Process(server.proc.pid)] + server.descendants()
