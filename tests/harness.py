@@ -9,6 +9,7 @@ backends the GPU host's bundle provides (``--attention-backend triton
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -330,6 +331,21 @@ class SglangServer:
 
 # The CPU tests' name for it.
 CpuServer = SglangServer
+
+
+@contextlib.contextmanager
+def started_together(servers: dict[str, SglangServer]):
+    """Launch every server at once (one start leaves a core idle while a single process imports
+    sglang), wait until all are healthy, and stop them all afterwards."""
+    try:
+        for server in servers.values():
+            server.launch()
+        for server in servers.values():
+            server.wait_healthy()
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()
 
 
 def session_processes(session_id: int) -> list[psutil.Process]:

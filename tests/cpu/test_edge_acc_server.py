@@ -216,15 +216,9 @@ def _side_pid(server, role: str) -> int:
 def servers_to_kill():
     """One server for each side to kill, both launched at once (a start leaves a core idle for a while)
     and healthy before either test times its kill."""
-    servers = {role: CpuServer(args=("--enable-edge-acc", "--skip-server-warmup")).launch()
-               for role in ("prefill", "decode")}
-    try:
-        for server in servers.values():
-            server.wait_healthy()
+    with harness.started_together({role: CpuServer(args=("--enable-edge-acc", "--skip-server-warmup"))
+                                   for role in ("prefill", "decode")}) as servers:
         yield servers
-    finally:
-        for server in servers.values():
-            server.stop()
 
 
 @pytest.mark.parametrize("role", ["prefill", "decode"])

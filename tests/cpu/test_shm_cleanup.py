@@ -16,7 +16,7 @@ import signal
 import psutil
 import pytest
 
-from tests.harness import SHM_DIR, CpuServer, shm_creator_pid, shm_in_use
+from tests.harness import SHM_DIR, CpuServer, shm_creator_pid, shm_in_use, started_together
 
 pytestmark = pytest.mark.server
 
@@ -42,14 +42,8 @@ def _assert_only_upstreams_load_file(left: set[str]) -> None:
 @pytest.fixture(scope="module")
 def launched():
     """Each test's own server, both launched at once (a start leaves a core idle for a while)."""
-    servers = {stop: CpuServer(args=EDGE_ACC).launch() for stop in ("sigterm", "sigkill")}
-    try:
-        for server in servers.values():
-            server.wait_healthy()
+    with started_together({stop: CpuServer(args=EDGE_ACC) for stop in ("sigterm", "sigkill")}) as servers:
         yield servers
-    finally:
-        for server in servers.values():
-            server.stop()
 
 
 def test_sigterm_leaves_nothing_of_edge_acc_in_dev_shm(launched):
