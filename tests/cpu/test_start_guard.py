@@ -115,3 +115,52 @@ def test_what_ran_before_the_launch_is_not_the_launchs():
     finally:
         os.killpg(before.pid, signal.SIGKILL)
         before.wait(timeout=10)
+
+
+_FORKING_SCHEDULER = textwrap.dedent(
+    """
+    import os, sys, time
+    import setproctitle
+    setproctitle.setproctitle("sglang::scheduler_fork_test")
+    for _ in range(2):
+        child = os.fork()
+        if child == 0:  # as a compiler run through subprocess is, before its exec
+            time.sleep(0.8)
+            os._exit(0)
+        print("CHILD", child, flush=True)
+        os.waitpid(child, 0)
+    print("DONE", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def test_a_child_a_server_process_forks_is_not_a_server_process():
+    """A fork of a scheduler carries the scheduler's name until it execs; its end is no failed start."""
+    from sglang_edgeacc.server_start.server_processes import ServerProcesses
+
+    processes = ServerProcesses(os.getpid())
+    scheduler = subprocess.Popen([sys.executable, "-c", _FORKING_SCHEDULER], stdout=subprocess.PIPE, text=True)
+    try:
+        children, ended = [], []
+        for line in scheduler.stdout:
+            if line.startswith("DONE"):
+                break
+            children.append(int(line.split()[1]))
+            deadline = time.monotonic() + 1.5
+            while time.monotonic() < deadline:  # several looks while the fork runs under the inherited name
+                ended += processes.observe()
+                time.sleep(0.2)
+        ended += processes.observe()
+        assert len(children) == 2
+        assert ended == [], [e.describe() for e in ended]
+        scheduler.kill()
+        scheduler.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while not ended and time.monotonic() < deadline:
+            ended += processes.observe()
+            time.sleep(0.1)
+        assert [e.name for e in ended] == ["sglang::scheduler_fork_test"], "the scheduler's own end is still seen"
+    finally:
+        scheduler.kill()
+        scheduler.wait(timeout=10)

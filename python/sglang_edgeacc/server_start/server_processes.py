@@ -9,7 +9,10 @@ A descendant is a *server process* when sglang named it (``sglang::scheduler``,
 prefill side ``sglang::scheduler_edgeacc_prefill...``) or, before its imports
 let it set that name, when it is a ``multiprocessing`` spawn child of the
 launcher or of a process sglang named (a spawn child of some other tool a
-scheduler runs is that tool's business). Python's
+scheduler runs is that tool's business). A child that a named process forked
+carries its parent's name until it execs (a compiler run through
+``subprocess``, a worker pool of ``fork``): it is the parent's helper, not a
+server process, and its end is the parent's business too. Python's
 resource tracker is not one: it lives until the last process that uses it is
 gone, and then removes the semaphores and shared memory they left registered.
 
@@ -79,17 +82,34 @@ def _exit_status(pid: int) -> Optional[int]:
         return None
 
 
+def _sglang_name(cmdline: str, name: str) -> Optional[str]:
+    if cmdline.startswith(NAME_PREFIX):
+        return cmdline.split()[0]
+    return name if name.startswith(NAME_PREFIX) else None
+
+
+def _names(proc: psutil.Process) -> tuple[str, str]:
+    """(command line, process name); empty for a process that is gone."""
+    try:
+        return " ".join(proc.cmdline()), proc.name()
+    except psutil.Error:
+        return "", ""
+
+
 def _label(proc: psutil.Process, spawned_by_server: bool) -> tuple[str, bool]:
     """(name to report, whether it is a server process) of a live process."""
-    try:
-        cmdline = " ".join(proc.cmdline())
-        name = proc.name()
-    except psutil.Error:
+    cmdline, name = _names(proc)
+    if not cmdline and not name:
         return "", False
-    if cmdline.startswith(NAME_PREFIX):
-        return cmdline.split()[0], True
-    if name.startswith(NAME_PREFIX):
-        return name, True
+    own = _sglang_name(cmdline, name)
+    if own is not None:
+        try:
+            parent = proc.parent()
+        except psutil.Error:
+            parent = None
+        if parent is not None and _sglang_name(*_names(parent)) == own:
+            return f"a child of {own} (pid {parent.pid})", False
+        return own, True
     if TRACKER_MARK in cmdline:
         return "resource tracker", False
     if SPAWN_MARK in cmdline:
