@@ -64,6 +64,33 @@ EDGE_ACC_RULES: tuple[Rule, ...] = (
 )
 
 
+# Attention backends EdgeAcc cannot run, by why. The rest are checked at start instead: every holder
+# of the request table must be the decode side's (``edge_acc_server.table_readers``).
+MLA_ATTENTION_BACKENDS = frozenset({"flashmla", "trtllm_mla", "cutedsl_mla", "dsa", "nsa", "dsv4"})
+OTHER_ACCELERATOR_BACKENDS = frozenset({"aiter", "wave", "ascend", "intel_amx", "intel_xpu"})
+ATTENTION_BACKEND_FLAGS = (("--attention-backend", "attention_backend"),
+                           ("--prefill-attention-backend", "prefill_attention_backend"),
+                           ("--decode-attention-backend", "decode_attention_backend"))
+
+
+def _attention_backend_rules() -> tuple[Rule, ...]:
+    rules = []
+    for flag, attr in ATTENTION_BACKEND_FLAGS:
+        rules.append(Rule(
+            flag, lambda a, attr=attr: getattr(a, attr, None) in MLA_ATTENTION_BACKENDS,
+            "that backend serves models with a latent (MLA) KV cache, and EdgeAcc shares MHA-style K/V "
+            "buffers between its two sides only. Serve the model without --enable-edge-acc."))
+        rules.append(Rule(
+            flag, lambda a, attr=attr: getattr(a, attr, None) in OTHER_ACCELERATOR_BACKENDS,
+            "that backend runs on AMD, Intel or Ascend hardware, and EdgeAcc's two sides share memory "
+            "through CUDA IPC and split the SMs with CUDA MPS, on NVIDIA GPUs only. Drop --enable-edge-acc "
+            "(on Ascend, `sglang-edgeacc doctor` checks the launch)."))
+    return tuple(rules)
+
+
+EDGE_ACC_RULES += _attention_backend_rules()
+
+
 def _check_percent(flag: str, value: int) -> Optional[str]:
     if 1 <= value <= 100:
         return None
@@ -86,7 +113,9 @@ def validate_launch(flags: EdgeAccFlags, args: argparse.Namespace) -> None:
         return
     for rule in EDGE_ACC_RULES:
         if rule.broken(args):
-            raise EdgeAccConfigError(f"--enable-edge-acc with {rule.flag}: {rule.why_and_fix}")
+            value = getattr(args, rule.flag.lstrip("-").replace("-", "_"), None)
+            shown = f"{rule.flag} {value}" if isinstance(value, str) else rule.flag
+            raise EdgeAccConfigError(f"--enable-edge-acc with {shown}: {rule.why_and_fix}")
 
 
 def on_cpu_platform(args: argparse.Namespace) -> bool:

@@ -41,6 +41,10 @@ INCOMPATIBLE = {
     "memory_saver": ("--enable-memory-saver", ["--enable-memory-saver"]),
     "lora": ("--enable-lora", ["--enable-lora"]),
     "embedding": ("--is-embedding", ["--is-embedding"]),
+    "mla_backend": ("--attention-backend flashmla", ["--attention-backend", "flashmla"]),
+    "mla_decode_backend": ("--decode-attention-backend trtllm_mla", ["--decode-attention-backend", "trtllm_mla"]),
+    "amd_backend": ("--attention-backend aiter", ["--attention-backend", "aiter"]),
+    "ascend_prefill_backend": ("--prefill-attention-backend ascend", ["--prefill-attention-backend", "ascend"]),
 }
 PERCENT_FLAGS = ("--edge-acc-prefill-sm-percent", "--edge-acc-decode-sm-percent")
 OUT_OF_RANGE = ("0", "101")

@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import logging
 import os
-
-import torch
-
 from dataclasses import dataclass
 from typing import Optional
 
 from sglang_edgeacc.edge_acc.tensor_export import export_tensors, module_tensors
 from sglang_edgeacc.edge_acc.tensor_import import ImportedTensors
 from sglang_edgeacc.edge_acc_server.messages import SharedState
+from sglang_edgeacc.edge_acc_server.table_readers import request_table_readers
 
 logger = logging.getLogger(__name__)
 
@@ -94,20 +92,6 @@ def verify_shared_state(model_runner, imported: ImportedTensors, state: SharedSt
                 f"EdgeAcc: the prefill side's {owner} reads a private req_to_token, not the decode side's; "
                 "its KV reads would miss every prefix the decode side wrote"
             )
-
-
-def request_table_readers(model_runner) -> list[tuple[str, object]]:
-    """Everything on a model runner that holds its own reference to ``req_to_token``: the
-    pool, the KV index translator and the attention backend (the patch table's ``edge_acc``
-    row says why each must hold the shared table)."""
-    readers = [("req_to_token_pool", model_runner.req_to_token_pool.req_to_token)]
-    translator = getattr(model_runner, "kv_index_translator", None)
-    if translator is not None:
-        readers.append(("kv_index_translator", getattr(translator, "req_to_token", None)))
-    backend = getattr(model_runner, "attn_backend", None)
-    if backend is not None and isinstance(getattr(backend, "req_to_token", None), torch.Tensor):
-        readers.append((f"attention backend {type(backend).__name__}", backend.req_to_token))
-    return readers
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,9 @@ One row per module of ``PATCH_MODULES`` (a test checks that every row exists).
   hands the table to the KV index translator when the pool is built and to the
   attention backends and CUDA graphs after, and each keeps the tensor it was
   given, so a table swapped in later would leave them reading a private, empty
-  one (the prefill side checks every reader at start). Upstream's
+  one (the prefill side checks every reader at start, attention backends
+  nested in a hybrid, two-batch-overlap or multiplexed backend included: FA3
+  keeps the table itself, FlashInfer and Triton the pool). Upstream's
   ``run_event_loop`` still runs (schedule stream, WAR barrier, accounting); the
   two loops it dispatches to, ``event_loop_overlap`` and ``event_loop_normal``,
   are the EdgeAcc loops of the side. Request grammars cross to the prefill side
