@@ -67,8 +67,12 @@ def _copy_tokenizer(src: pathlib.Path, dst: pathlib.Path) -> None:
             shutil.copy(src / name, dst / name)
 
 
-def sensitive_tiny_model(out: pathlib.Path | str) -> pathlib.Path:
-    """The tiny Qwen3 with random weights of std 0.2 (norms 1), as a safetensors checkpoint."""
+def sensitive_tiny_model(out: pathlib.Path | str, head_dim: int | None = None,
+                         dtype: str = "float32") -> pathlib.Path:
+    """The tiny Qwen3 with random weights of std 0.2 (norms 1), as a safetensors checkpoint.
+
+    ``head_dim`` and ``dtype`` give a shape that kernels with fixed head dims and no float32
+    path serve (FlashInfer: ``head_dim=64, dtype="bfloat16"``)."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -78,6 +82,8 @@ def sensitive_tiny_model(out: pathlib.Path | str) -> pathlib.Path:
     out.mkdir(parents=True, exist_ok=True)
     src = shipped_tiny_model()
     config_dict = json.loads((src / "config.json").read_text())
+    if head_dim is not None:
+        config_dict["head_dim"] = head_dim
     config = Qwen3Config(**{k: v for k, v in config_dict.items() if k not in ("architectures", "torch_dtype")})
     generator = torch.Generator().manual_seed(SENSITIVE_SEED)
     model = Qwen3ForCausalLM(config).float()
@@ -87,8 +93,8 @@ def sensitive_tiny_model(out: pathlib.Path | str) -> pathlib.Path:
                 param.fill_(1.0)
             else:
                 param.copy_(torch.randn(param.shape, generator=generator) * SENSITIVE_WEIGHT_STD)
-    model.save_pretrained(out, safe_serialization=True)
-    config_dict["torch_dtype"] = "float32"
+    model.to(getattr(torch, dtype)).save_pretrained(out, safe_serialization=True)
+    config_dict["torch_dtype"] = dtype
     (out / "config.json").write_text(json.dumps(config_dict, indent=2) + "\n")
     _copy_tokenizer(src, out)
     return out

@@ -3,6 +3,7 @@ weights like ``--load-format dummy``'s it does not, so a wrong KV read could not
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tests import serving_models
@@ -20,10 +21,14 @@ def _prompts():
     return base, changed
 
 
-def test_the_sensitive_checkpoint_answers_differently_when_an_early_token_changes(tmp_path):
+@pytest.mark.parametrize("shape", [{}, {"head_dim": 64, "dtype": "bfloat16"}], ids=["float32", "h64-bf16"])
+def test_the_sensitive_checkpoint_answers_differently_when_an_early_token_changes(tmp_path, shape):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(serving_models.sensitive_tiny_model(tmp_path / "m")).eval()
+    path = serving_models.sensitive_tiny_model(tmp_path / "m", **shape)
+    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype="auto").eval()
+    assert model.dtype == getattr(torch, shape.get("dtype", "float32"))
+    assert model.config.head_dim == shape.get("head_dim", 16)
     base, changed = _prompts()
     with torch.no_grad():
         assert _greedy(model, base) != _greedy(model, changed)

@@ -1,0 +1,126 @@
+"""An oracle for servers whose plain sglang is not self-consistent: top-k logprobs on the same greedy prefix.
+
+Under ``--enable-torch-compile`` plain sglang's own greedy tokens change with
+the batch a request runs in (its streamed answer differs from its unstreamed
+one), so "EdgeAcc's tokens equal plain's" cannot judge EdgeAcc there. What must
+hold instead is that, wherever EdgeAcc and plain have produced the same tokens
+so far, their next-token distributions agree as closely as plain agrees with
+itself:
+
+* a *run* is a fixed set of greedy requests, each returning its tokens and, at
+  every position, the top-``TOPK`` logprobs;
+* plain runs twice, once request by request and once all at once (other
+  batches, other kernels: the spread a user sees between two identical
+  requests); its *spread* is the largest logprob difference between those two
+  runs over the positions where their prefixes are equal;
+* the tolerance is ``SPREAD_FACTOR`` times that spread, and never below
+  ``FLOOR`` (a spread of zero would turn a rounding difference into a failure);
+* EdgeAcc's runs (the same two orders) are compared with plain's run of the
+  same order, position by position while the prefixes are equal: every token in
+  both top-k lists within the tolerance, a token in only one list within the
+  tolerance of the other's last entry, and where the greedy tokens part, the
+  two candidates within the tolerance of each other in plain's list (a near tie
+  that rounding may break either way). A wrong KV read moves the distribution
+  by far more than a rounding difference (the tiny checkpoint's outputs depend
+  on its whole context), and is seen before the tokens part.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import random
+from typing import Callable
+
+TOPK = 5
+SPREAD_FACTOR = 2.0
+FLOOR = 1e-3
+# Of all positions, the share that must be compared (before the prefixes part): an oracle that
+# stops at the first token of every request would see nothing.
+MIN_COMPARED = 0.5
+
+PROMPT_LENGTHS = (12, 40, 150, 400, 900)
+NEW_TOKENS = 24
+
+
+def prompts(vocab: int, lengths=PROMPT_LENGTHS) -> list[list[int]]:
+    rng = random.Random(4321)
+    return [[rng.randrange(3, vocab) for _ in range(n)] for n in lengths]
+
+
+def _one(generate: Callable[..., dict], ids: list[int], new_tokens: int) -> dict:
+    out = generate(ids, max_new_tokens=new_tokens, return_logprob=True, top_logprobs_num=TOPK)
+    top = [[[entry[0], entry[1]] for entry in position] for position in out["meta_info"]["output_top_logprobs"]]
+    return {"tokens": out["output_ids"], "top": top}
+
+
+def run(generate: Callable[..., dict], vocab: int, together: bool, lengths=PROMPT_LENGTHS,
+        new_tokens: int = NEW_TOKENS) -> list[dict]:
+    """One run: every prompt, one by one or all at once (``generate`` as ``SglangServer.generate``)."""
+    batch = prompts(vocab, lengths)
+    if not together:
+        return [_one(generate, ids, new_tokens) for ids in batch]
+    with cf.ThreadPoolExecutor(len(batch)) as pool:
+        return list(pool.map(lambda ids: _one(generate, ids, new_tokens), batch))
+
+
+def fingerprint(generate: Callable[..., dict], vocab: int, **sizes) -> dict:
+    return {"alone": run(generate, vocab, together=False, **sizes),
+            "together": run(generate, vocab, together=True, **sizes)}
+
+
+def _position_gap(a: list, b: list) -> float:
+    """The largest logprob difference between two top-k lists of one position.
+
+    A token in one list only has, in the other, at most that list's last logprob.
+    """
+    la, lb = {tok: lp for lp, tok in a}, {tok: lp for lp, tok in b}
+    gaps = [abs(la[t] - lb[t]) for t in la.keys() & lb.keys()]
+    last_a, last_b = min(la.values(), default=0.0), min(lb.values(), default=0.0)
+    gaps += [la[t] - last_b for t in la.keys() - lb.keys()]
+    gaps += [lb[t] - last_a for t in lb.keys() - la.keys()]
+    return max(gaps, default=0.0)
+
+
+def _walk(ref: dict, got: dict):
+    """(position, gap) while the prefixes are equal, then the position where they part (or None)."""
+    gaps = []
+    for i, (ta, tb) in enumerate(zip(ref["tokens"], got["tokens"])):
+        gaps.append(_position_gap(ref["top"][i], got["top"][i]))
+        if ta != tb:
+            return gaps, i
+    return gaps, None
+
+
+def spread(a: list[dict], b: list[dict]) -> float:
+    """How far plain's two runs are apart, over the positions where their prefixes are equal."""
+    return max((g for ra, rb in zip(a, b) for g in _walk(ra, rb)[0]), default=0.0)
+
+
+def tolerance(plain: dict) -> float:
+    return max(FLOOR, SPREAD_FACTOR * spread(plain["alone"], plain["together"]))
+
+
+def mismatches(plain: dict, edge: dict) -> list[str]:
+    """Where EdgeAcc's distributions are further from plain's than plain is from itself (empty: none)."""
+    tol = tolerance(plain)
+    problems, compared, total = [], 0, 0
+    for order in ("alone", "together"):
+        for index, (ref, got) in enumerate(zip(plain[order], edge[order])):
+            total += len(ref["tokens"])
+            gaps, parted = _walk(ref, got)
+            compared += len(gaps)
+            for position, gap in enumerate(gaps):
+                if gap > tol:
+                    problems.append(f"{order}[{index}] position {position}: top-{TOPK} logprobs {gap:.4f} apart "
+                                    f"(tolerance {tol:.4f})")
+                    break
+            if parted is not None:
+                own = {tok: lp for lp, tok in ref["top"][parted]}
+                theirs = got["tokens"][parted]
+                chosen = ref["tokens"][parted]
+                if theirs not in own or own[chosen] - own[theirs] > tol:
+                    problems.append(f"{order}[{index}] position {parted}: EdgeAcc chose {theirs}, plain {chosen}, "
+                                    f"which plain's logprobs do not call a near tie (tolerance {tol:.4f})")
+    if total and compared < MIN_COMPARED * total:
+        problems.append(f"only {compared} of {total} positions had equal prefixes to compare")
+    return problems
