@@ -188,15 +188,38 @@ def test_edge_acc_with_data_parallelism_matches_upstream(cpu_servers, launch):
 def test_idle_dp_group_deadlocks_without_the_idle_batch_fix(cpu_servers):
     """The regression test bites: with the idle-group sync switched off, a lone request hangs."""
     server = cpu_servers.get(*DP_ATTENTION, "--enable-edge-acc", env=IDLE_SYNC_FAULT)
-    open(SKIP_IDLE_SYNC_SWITCH, "w").close()
     try:
+        _switch_idle_sync_off_on_both_prefill_sides(server)
         with pytest.raises(requests.exceptions.ReadTimeout):
             requests.post(f"{server.url}/generate",
                           json={"text": "lone", "sampling_params": {"max_new_tokens": 4, "temperature": 0}},
                           timeout=20)  # served within seconds with the fix
     finally:
-        os.remove(SKIP_IDLE_SYNC_SWITCH)
+        if os.path.exists(SKIP_IDLE_SYNC_SWITCH):
+            os.remove(SKIP_IDLE_SYNC_SWITCH)
         cpu_servers.release(*DP_ATTENTION, "--enable-edge-acc", env=IDLE_SYNC_FAULT)  # hung: stopped
+
+
+def _switch_idle_sync_off_on_both_prefill_sides(server, attempts: int = 3) -> None:
+    """Create the switch, and return once both prefill sides skip the idle sync.
+
+    A side may be inside an idle round's gather when the switch appears; the other then skips
+    that round and the first waits in it, and a request to the skipping side's group would
+    complete that round and be served. Every side saying it skips means none is in a gather.
+    Otherwise the switch goes off (the waiting round completes) and on again.
+    """
+    for _ in range(attempts):
+        seen = len(server.log_tail(10**8))
+        open(SKIP_IDLE_SYNC_SWITCH, "w").close()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            lines = server.log_tail(10**8)[seen:].splitlines()
+            if len({line.split()[-1] for line in lines if edgeacc_faults.SKIPPING_LINE in line}) >= 2:
+                return
+            time.sleep(0.1)
+        os.remove(SKIP_IDLE_SYNC_SWITCH)
+        time.sleep(0.5)
+    raise AssertionError("the prefill sides never both skipped the idle sync")
 
 
 def _side_pid(server, role: str) -> int:

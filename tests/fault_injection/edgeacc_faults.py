@@ -104,10 +104,23 @@ def _slow_prefill(original, self, *args, **kwargs):
     return batch
 
 
+SKIPPING_LINE = "[edgeacc test fault] this prefill side skips the idle sync from now on, pid"
+_skipping = False
+
+
 def _skip_sync_when_idle(original, self, batch):
+    global _skipping
     switch = os.environ[SKIP_IDLE_SYNC_ENV]
     if batch is None and (switch == "1" or os.path.exists(switch)):
+        if not _skipping:
+            # Said once per switch-on: a test waits for every side to be past the collective it
+            # may have entered before the switch, or a request could still complete that round.
+            import sys
+
+            print(f"{SKIPPING_LINE} {os.getpid()}", file=sys.stderr, flush=True)
+            _skipping = True
         return None  # the loop then sleeps and polls again, outside the collective
+    _skipping = False
     return original(self, batch)
 
 
