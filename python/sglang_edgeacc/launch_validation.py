@@ -35,7 +35,7 @@ class Rule:
 
 # Combinations that contradict the design (one decode side owns all state and
 # schedules; one prefill side per GPU executes what it is sent).
-EDGE_ACC_RULES: tuple[Rule, ...] = (
+_DESIGN_RULES: tuple[Rule, ...] = (
     Rule("--nnodes", lambda a: a.nnodes > 1,
          "the prefill and decode sides share memory through CUDA IPC, which does not cross hosts. "
          "Run one server per node (use --dp with a router), or drop --enable-edge-acc."),
@@ -88,7 +88,7 @@ def _attention_backend_rules() -> tuple[Rule, ...]:
     return tuple(rules)
 
 
-EDGE_ACC_RULES += _attention_backend_rules()
+EDGE_ACC_RULES: tuple[Rule, ...] = (*_DESIGN_RULES, *_attention_backend_rules())
 
 
 def _check_percent(flag: str, value: int) -> Optional[str]:

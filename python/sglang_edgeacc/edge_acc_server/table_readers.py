@@ -50,7 +50,8 @@ def attention_backends(model_runner) -> list[tuple[str, AttentionBackend]]:
             continue
         seen.add(id(backend))
         found.append((where, backend))
-        nested = [pair for name, value in vars(backend).items() for pair in _backends(f"{where}.{name}", value)]
+        attributes = getattr(backend, "__dict__", {})  # a backend with __slots__ holds no nested one here
+        nested = [pair for name, value in attributes.items() for pair in _backends(f"{where}.{name}", value)]
         stack.extend(reversed(nested))
     return found
 
