@@ -18,7 +18,6 @@ import pytest
 from sglang_edgeacc.edge_acc_server.decode_pacing import DecodePacer
 from sglang_edgeacc.edge_acc_server.decode_side import DecodeSideScheduler
 from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStepClock, DecodeStepWindow
-from sglang_edgeacc.edge_acc_server.freed_slots import FreedSlotGuard
 from sglang_edgeacc.edge_acc_server.metrics import EdgeAccStats
 
 
@@ -61,9 +60,6 @@ class _RecordingDecodeSide(DecodeSideScheduler):
         self.decode_clock = DecodeStepClock()
         self.decode_step_window = DecodeStepWindow(enabled=False)
         self.decode_pacer = DecodePacer(itl_slo_ms=50.0)
-        self.freed_slots = FreedSlotGuard(None)
-        self.forward_stream = None
-        self.token_to_kv_pool_allocator = SimpleNamespace(available_size=lambda: 0)
         self.require_mlp_sync = False
         self.chunked_req = None
         self.waiting_queue = []

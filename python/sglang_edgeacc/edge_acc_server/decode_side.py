@@ -24,7 +24,6 @@ from sglang_edgeacc.edge_acc_server import roles, upstream_mirror
 from sglang_edgeacc.edge_acc_server.batch_codec import PrefillBatchNotSendable, UnsendablePart, pack_prefill_batch
 from sglang_edgeacc.edge_acc_server.decode_pacing import DecodePacer
 from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStepClock, DecodeStepWindow
-from sglang_edgeacc.edge_acc_server.freed_slots import FreedSlotGuard
 from sglang_edgeacc.edge_acc_server.graph_phases import skip_unused_graph_phase
 from sglang_edgeacc.edge_acc_server.metrics import EdgeAccStats
 from sglang_edgeacc.edge_acc_server.prefill_link import InflightPrefill, PrefillLink
@@ -92,8 +91,6 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         self.decode_clock = DecodeStepClock()
         self.decode_step_window = DecodeStepWindow(enabled=flags.edge_acc_sm_partition == "adaptive")
         self.decode_pacer = DecodePacer(flags.edge_acc_itl_slo_ms if flags.edge_acc_decode_pacing == "on" else 0.0)
-        # Made once the model runner's device is known (init_model_worker).
-        self.freed_slots = FreedSlotGuard(None)
         self._edge_spawn_after_capture = False
         self._edge_server_info = {"enabled": True}  # completed once the prefill side is ready
         super().__init__(server_args, port_args, *args, **kwargs)
@@ -128,7 +125,6 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
 
     def init_model_worker(self):
         super().init_model_worker()
-        self.freed_slots = FreedSlotGuard.for_device(self.tp_worker.model_runner.device)
         if self._edge_spawn_after_capture:
             self._edge_spawn_prefill_side()
         self.prefill_link.wait_ready()
@@ -207,7 +203,6 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
                 if batch is not None:
                     self.decode_pacer.launched()
                     result = self.run_batch(batch)
-                    self.freed_slots.launched(self.forward_stream)
                     if overlap:
                         # Result processing writes nothing this forward still reads.
                         self._apply_war_barrier()
@@ -256,11 +251,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         return True
 
     def _edge_process_decode_result(self, batch, result) -> None:
-        # Result processing only gives slots back (finished and aborted requests), never takes any.
-        available = self.token_to_kv_pool_allocator.available_size()
         self.process_batch_result(batch, result)
-        if self.token_to_kv_pool_allocator.available_size() > available:
-            self.freed_slots.freed()
         step = self.decode_clock.result(batch.forward_mode.is_decode(), beside_prefill=self.prefill_link.busy)
         if step is None:
             return
@@ -291,17 +282,13 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         # Called only between prefill batches: a chunk in flight still writes the KV slots
         # that an abort of the request being chunked frees.
         self.process_pending_chunked_abort()
-        running = self.running_batch.batch_size()
         plan = self.get_new_batch_prefill(self.running_batch)
         self.running_batch = plan.running_batch
-        if self.running_batch.batch_size() < running:
-            self.freed_slots.freed()  # a running request was preempted for this batch
         batch = plan.batch_to_run
         if batch is None:
             return
         upstream_mirror.before_forward(self, batch)
-        written = self.prefill_link.signal_inputs(self.forward_stream,
-                                                  after_decode_steps=self.freed_slots.prefill_must_wait())
+        written = self.prefill_link.signal_inputs(self.forward_stream)
         load = {}
         if self.decode_step_window.enabled:
             # What the policy needs: the ITL just seen, the queue, and the decode
@@ -358,9 +345,4 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
                                            tokens=tokens, attention_pairs=pairs)
 
     def _edge_next_decode_batch(self):
-        running = self.running_batch.batch_size()
-        batch = upstream_mirror.next_decode_batch(self)
-        if self.running_batch.batch_size() < running:
-            # Requests left the running batch here only by retraction, or finished ones already given back.
-            self.freed_slots.freed()
-        return batch
+        return upstream_mirror.next_decode_batch(self)
