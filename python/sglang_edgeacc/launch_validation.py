@@ -61,6 +61,10 @@ _DESIGN_RULES: tuple[Rule, ...] = (
          "Drop --enable-edge-acc."),
     Rule("--enable-lora", lambda a: bool(a.enable_lora) or bool(getattr(a, "lora_paths", None)),
          "LoRA adapters are not shared with the prefill side yet. Drop the LoRA flags or --enable-edge-acc."),
+    Rule("--enable-hierarchical-cache", lambda a: bool(getattr(a, "enable_hierarchical_cache", False)),
+         "a prefix loaded back from host memory is written on the decode side's load stream, and the forward "
+         "waits for it layer by layer through events of that process; the prefill side's forward, in another "
+         "process, would read the prefix before it lands. Drop --enable-hierarchical-cache or --enable-edge-acc."),
 )
 
 

@@ -40,6 +40,7 @@ INCOMPATIBLE = {
     "mixed_chunk": ("--enable-mixed-chunk", ["--enable-mixed-chunk"]),
     "memory_saver": ("--enable-memory-saver", ["--enable-memory-saver"]),
     "lora": ("--enable-lora", ["--enable-lora"]),
+    "hierarchical_cache": ("--enable-hierarchical-cache", ["--enable-hierarchical-cache"]),
     "embedding": ("--is-embedding", ["--is-embedding"]),
     "mla_backend": ("--attention-backend flashmla", ["--attention-backend", "flashmla"]),
     "mla_decode_backend": ("--decode-attention-backend trtllm_mla", ["--decode-attention-backend", "trtllm_mla"]),
