@@ -24,29 +24,42 @@ def _request(tokens, tops):
 
 
 def _plain():
-    """Two requests of three tokens; the second run differs from the first by 0.01 at most."""
+    """Two requests of three tokens, the same in both orders."""
     tops = [[(-0.1, 7), (-2.5, 8), (-3.0, 9)], [(-0.2, 4), (-1.9, 5), (-4.0, 6)], [(-0.3, 1), (-0.35, 2), (-5, 3)]]
-    alone = [_request([7, 4, 1], tops), _request([7, 4, 1], tops)]
-    together = copy.deepcopy(alone)
-    together[1]["top"][1][1][0] = -1.91
-    return {"alone": alone, "together": together}
+    run = [_request([7, 4, 1], tops), _request([7, 4, 1], tops)]
+    return {"alone": run, "together": copy.deepcopy(run)}
 
 
-def test_the_tolerance_follows_plains_own_spread():
+def _again(plain, delta=0.01):
+    """A second plain server's runs: one logprob ``delta`` away."""
+    again = copy.deepcopy(plain)
+    again["together"][1]["top"][1][1][0] -= delta
+    return again
+
+
+def test_the_tolerance_follows_the_spread_between_two_plain_servers():
     plain = _plain()
-    assert topk_oracle.spread(plain["alone"], plain["together"]) == pytest.approx(0.01)
-    assert topk_oracle.tolerance(plain) == pytest.approx(0.02)
-    identical = {"alone": plain["alone"], "together": copy.deepcopy(plain["alone"])}
-    assert topk_oracle.tolerance(identical) == topk_oracle.FLOOR
+    assert topk_oracle.spread(plain["together"], _again(plain)["together"]) == pytest.approx(0.01)
+    assert topk_oracle.tolerance(plain, _again(plain)) == pytest.approx(0.02)
+    assert topk_oracle.tolerance(plain, copy.deepcopy(plain)) == topk_oracle.FLOOR
+
+
+def test_plains_orders_disagreeing_with_each_other_do_not_widen_the_tolerance():
+    # Under compile, plain's prompts sent together may get other distributions than one by one;
+    # each order is compared with the same order of the other servers, so that is no spread.
+    plain = _plain()
+    for request in plain["together"]:
+        request["top"][0] = [[-1.0, 50], [-1.2, 51], [-1.4, 52]]
+    assert topk_oracle.tolerance(plain, copy.deepcopy(plain)) == topk_oracle.FLOOR
 
 
 def test_edge_within_plains_spread_passes_and_a_moved_distribution_fails():
     plain = _plain()
     edge = copy.deepcopy(plain)
     edge["alone"][0]["top"][2][0][0] = -0.315  # 0.015 from plain: inside 2 x 0.01
-    assert topk_oracle.mismatches(plain, edge) == []
+    assert topk_oracle.mismatches(plain, _again(plain), edge) == []
     edge["alone"][0]["top"][2][0][0] = -0.4  # 0.1 from plain, the same greedy token
-    problems = topk_oracle.mismatches(plain, edge)
+    problems = topk_oracle.mismatches(plain, _again(plain), edge)
     assert len(problems) == 1 and "alone[0] position 2" in problems[0], problems
 
 
@@ -54,7 +67,7 @@ def test_a_token_only_one_side_lists_counts_from_the_others_last_entry():
     plain = _plain()
     edge = copy.deepcopy(plain)
     edge["together"][0]["top"][0][2] = [-1.0, 99]  # plain's last entry there is -3.0
-    problems = topk_oracle.mismatches(plain, edge)
+    problems = topk_oracle.mismatches(plain, _again(plain), edge)
     assert problems and "together[0] position 0" in problems[0], problems
 
 
@@ -62,23 +75,35 @@ def test_parting_at_a_near_tie_passes_and_elsewhere_fails():
     plain = _plain()
     tie = copy.deepcopy(plain)
     tie["alone"][1]["tokens"][2] = 2  # plain: token 1 at -0.3, token 2 at -0.35 -- 0.05 apart
-    plain_wide = copy.deepcopy(plain)
-    plain_wide["together"][0]["top"][0][0][0] = -0.13  # a spread of 0.03: 0.05 apart is a tie at 0.06
-    assert topk_oracle.mismatches(plain_wide, tie) == []
-    assert any("near tie" in p for p in topk_oracle.mismatches(plain, tie))  # tolerance 0.02
+    assert topk_oracle.mismatches(plain, _again(plain, 0.03), tie) == []  # tolerance 0.06
+    assert any("near tie" in p for p in topk_oracle.mismatches(plain, _again(plain), tie))  # tolerance 0.02
     early = copy.deepcopy(plain)
     early["alone"][0]["tokens"][0] = 8  # 2.4 below plain's choice
-    problems = topk_oracle.mismatches(plain, early)
+    problems = topk_oracle.mismatches(plain, _again(plain), early)
     assert any("alone[0] position 0" in p and "near tie" in p for p in problems), problems
 
 
-def test_an_oracle_that_compares_nothing_fails():
-    plain = _plain()
-    edge = copy.deepcopy(plain)
-    for run in edge.values():
+def _part_at_first_token(runs):
+    parted = copy.deepcopy(runs)
+    for run in parted.values():
         for request in run:
             request["tokens"][0] = 8 if request["tokens"][0] == 7 else 7
-    assert any("positions had equal prefixes" in p for p in topk_oracle.mismatches(plain, edge))
+    return parted
+
+
+def test_edge_must_keep_its_prefix_as_long_as_a_second_plain_server_does():
+    plain = _plain()
+    # Parting at the first token, as a near tie (a wide spread): nothing after it is compared.
+    wide = _again(plain, 3.0)
+    edge = _part_at_first_token(plain)
+    problems = topk_oracle.mismatches(plain, wide, edge)
+    assert any("had EdgeAcc's prefix equal to plain's" in p for p in problems), problems
+    # Where plain's own second server parts as early (there, token 8 ranks first), that is all that can be asked.
+    early = _part_at_first_token(plain)
+    for run in early.values():
+        for request in run:
+            request["top"][0] = [[-0.1, 8], [-2.5, 7], [-3.0, 9]]
+    assert topk_oracle.mismatches(plain, early, edge) == []
 
 
 @pytest.mark.reuses_kept_server
@@ -89,13 +114,15 @@ def test_the_oracle_reads_the_real_servers_replies_and_edge_acc_passes(cpu_serve
     # on the GPU the compile family serves the context-sensitive checkpoint.
     cpu_servers.prepare((SHARED_LAUNCH, None), (SHARED_EDGE_ACC_LAUNCH, None))
     sizes = dict(lengths=(12, 150, 400), new_tokens=12)
-    plain = topk_oracle.fingerprint(cpu_servers.get(*SHARED_LAUNCH).generate, TINY_VOCAB, **sizes)
+    plain_generate = cpu_servers.get(*SHARED_LAUNCH).generate
+    # The second plain run comes from the same server here (its spread is then this server's own).
+    plain, again = (topk_oracle.fingerprint(plain_generate, TINY_VOCAB, **sizes) for _ in range(2))
     edge = topk_oracle.fingerprint(cpu_servers.get(*SHARED_EDGE_ACC_LAUNCH).generate, TINY_VOCAB, **sizes)
-    for run in (plain, edge):
+    for run in (plain, again, edge):
         for order in ("alone", "together"):
             assert [len(r["tokens"]) for r in run[order]] == [12] * 3
             assert all(len(r["top"]) == 12 and all(len(t) == topk_oracle.TOPK for t in r["top"]) for r in run[order])
-    assert topk_oracle.mismatches(plain, edge) == []
+    assert topk_oracle.mismatches(plain, again, edge) == []
     moved = {order: [dict(r, top=[[[lp - 0.5, tok] for lp, tok in t] for t in r["top"]]) for r in runs]
              for order, runs in edge.items()}
-    assert topk_oracle.mismatches(plain, moved), "a moved distribution passed against the real replies"
+    assert topk_oracle.mismatches(plain, again, moved), "a moved distribution passed against the real replies"
