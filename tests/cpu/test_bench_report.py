@@ -50,3 +50,12 @@ def test_the_goodput_rate_is_the_highest_poisson_rate_with_90_percent_met():
     assert serving_vs_upstream.goodput_rate(arm) == 8.0
     assert serving_vs_upstream.goodput_rate(arm, "tight_slo_attainment") is None
     assert "| edgeacc | 8.0 | None |" in serving_vs_upstream.slo_table({"edgeacc": arm})
+
+
+def test_one_token_answers_without_gaps_are_reported_not_called_errors():
+    prefill_only = {"total_throughput": 16000.0, "median_ttft_ms": 90.0, "p99_ttft_ms": 300.0, "median_itl_ms": 0.0,
+                    "p99_itl_ms": 0.0, "max_itl_ms": None}
+    arms = {"upstream": {"workloads": {"prefill_only_8": prefill_only}},
+            "edgeacc": {"workloads": {"prefill_only_8": dict(prefill_only, median_ttft_ms=99.0)}}}
+    table = serving_vs_upstream.ratio_table(arms)
+    assert "| edgeacc | 16000 | 99 | 300 | 0.0 | 0.0 | - | 1.00x, 1.10x, -, - |" in table, table
