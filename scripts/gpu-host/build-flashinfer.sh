@@ -30,15 +30,26 @@ py=${PYTHON:-$proj/.venv/bin/python}
 cuda_home=${CUDA_HOME:-/usr/local/cuda}
 [ -x "$cuda_home/bin/nvcc" ] || { echo "no nvcc in $cuda_home/bin (set CUDA_HOME): FlashInfer's kernels are compiled here"; exit 1; }
 work=${TMPDIR:-/tmp}/gpu-flashinfer-build; rm -rf "$work"; mkdir -p "$work/whl" "$work/site" "$work/aot" "$work/stubs"
+# Compiled modules are kept between builds: adding one compiles that one only.
+ws=${TMPDIR:-/tmp}/gpu-flashinfer-ws
 # The modules link against the driver library, which a machine without a GPU lacks: an empty stub of that
 # name satisfies the linker, and on the host the driver's own libcuda.so.1 resolves the symbols at load.
 if [ ! -e "$cuda_home/lib64/stubs/libcuda.so" ]; then
   echo 'void edgeacc_cuda_stub(void) {}' > "$work/stubs/stub.c"
   cc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$work/stubs/libcuda.so" "$work/stubs/stub.c"
 fi
+# The FA3 kernels include CUTLASS utilities that want cuRAND's device headers, and the norm kernels include
+# cuBLASLt's; a toolkit of the compiler alone borrows those headers (those files only) from the venv's CUDA wheels.
+extra_cuda=""
+if [ ! -e "$cuda_home/include/curand_kernel.h" ] || [ ! -e "$cuda_home/include/cublasLt.h" ]; then
+  wheel_include=$("$py" -c 'import nvidia, pathlib; print(next(p.parent for d in nvidia.__path__ for p in pathlib.Path(d).glob("*/include/cublasLt.h")))' 2>/dev/null) \
+    || { echo "no cuRAND/cuBLASLt headers in $cuda_home/include or the venv's nvidia wheels: FlashInfer's kernels need them"; exit 1; }
+  mkdir -p "$work/borrowed"; ln -s "$wheel_include"/curand*.h "$wheel_include"/cublas*.h "$work/borrowed/"
+  extra_cuda="-isystem $work/borrowed"
+fi
 echo "== compiling FlashInfer's kernels for SM 9.0a ($("$cuda_home/bin/nvcc" --version | grep -o 'release [0-9.]*'))"
-CUDA_HOME=$cuda_home FLASHINFER_EXTRA_LDFLAGS="-L$work/stubs" FLASHINFER_CUDA_ARCH_LIST=9.0a \
-  FLASHINFER_WORKSPACE_BASE="$work/ws" MAX_JOBS=${MAX_JOBS:-$(nproc)} \
+CUDA_HOME=$cuda_home FLASHINFER_EXTRA_LDFLAGS="-L$work/stubs" FLASHINFER_EXTRA_CUDAFLAGS="$extra_cuda" FLASHINFER_CUDA_ARCH_LIST=9.0a \
+  FLASHINFER_WORKSPACE_BASE="$ws" MAX_JOBS=${MAX_JOBS:-$(nproc)} \
   "$py" "$here/flashinfer_aot.py" --out "$work/aot" --shapes "${FLASHINFER_SHAPES:-bf16:128,bf16:64}"
 plat=(--platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
       --platform manylinux2014_x86_64)

@@ -3,8 +3,9 @@
 Run by ``build-flashinfer.sh`` with a Python that has the pinned ``flashinfer-python`` and an
 ``nvcc`` of the GPU host's CUDA major version. For each shape (KV dtype, head dim) it builds
 the modules sglang's ``FlashInferAttnBackend`` asks for: the FA2 batch prefill (ragged and
-paged, also what decode runs on tensor cores) and the batch decode, plus the cascade module
-(``merge_state``). Each module is written where FlashInfer looks for an AOT build
+paged, also what decode runs on tensor cores), the FA3 (SM 9.0) batch prefill that the prefill
+wrappers pick on Hopper, and the batch decode, plus the cascade module (``merge_state``) and the
+norm module (sgl_kernel's RMSNorm calls FlashInfer's whenever FlashInfer imports). Each module is written where FlashInfer looks for an AOT build
 (``<out>/aot/<name>/<name>.so``), and the names of the template files the module generators
 read from ``flashinfer/data/csrc`` at run time are written to ``<out>/csrc-used.txt``: with an
 AOT build the generators still render their sources before loading, so those templates must
@@ -49,8 +50,10 @@ def specs(shapes: list[tuple[str, int]]):
         _gen_batch_prefill_independent_paged_module,
         _gen_batch_prefill_primary_module,
         gen_batch_decode_module,
+        gen_batch_prefill_module,
     )
     from flashinfer.jit.cascade import gen_cascade_module
+    from flashinfer.jit.norm import gen_norm_module
 
     for dtype_name, head_dim in shapes:
         dtype = _dtype(dtype_name)
@@ -59,8 +62,12 @@ def specs(shapes: list[tuple[str, int]]):
         prefill = ("fa2", dtype, dtype, dtype, torch.int32, head_dim, head_dim, 0, False, False, False)
         yield _gen_batch_prefill_primary_module(*prefill), True
         yield _gen_batch_prefill_independent_paged_module(*prefill), False
+        # On SM 9.0 the prefill wrappers' "auto" backend picks FlashInfer's FA3 kernels.
+        yield gen_batch_prefill_module("fa3", *prefill[1:]), True
         yield gen_batch_decode_module(dtype, dtype, dtype, torch.int32, head_dim, head_dim, 0, False, False), True
     yield gen_cascade_module(), True
+    # sgl_kernel's RMSNorm calls FlashInfer's whenever FlashInfer imports, whatever the attention backend.
+    yield gen_norm_module(), True
 
 
 class _CsrcReads:
@@ -99,17 +106,20 @@ import sglang.srt.layers.attention.flashinfer_backend
 from flashinfer.cascade import get_cascade_module
 from flashinfer.decode import get_batch_decode_module
 from flashinfer.prefill import get_batch_prefill_module
+from flashinfer.norm import get_norm_module
 get_cascade_module()
+get_norm_module()
 for dtype_name, head_dim in {shapes!r}:
     dtype = getattr(torch, {{"bf16": "bfloat16", "fp16": "float16"}}[dtype_name])
-    get_batch_prefill_module("fa2", dtype, dtype, dtype, torch.int32, head_dim, head_dim, 0, False, False, False)
+    for backend in ("fa2", "fa3"):
+        get_batch_prefill_module(backend, dtype, dtype, dtype, torch.int32, head_dim, head_dim, 0, False, False, False)
     get_batch_decode_module(dtype, dtype, dtype, torch.int32, head_dim, head_dim, 0, False, False)
 try:
     get_batch_decode_module(torch.float16, torch.float16, torch.float16, torch.int32, 96, 96, 0, False, False)
     raise SystemExit("a module that was not built loaded")
 except Exception as exc:
     assert "Module: batch_decode_with_kv_cache_dtype_q_f16" in str(exc), str(exc)
-print("CHECKED", len({shapes!r}) * 2 + 1, "modules")
+print("CHECKED", len({shapes!r}) * 3 + 2, "modules")
 """
 
 
