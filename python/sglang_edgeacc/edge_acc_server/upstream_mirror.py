@@ -84,7 +84,12 @@ def merge_prefilled(scheduler, batch) -> None:
     This side's rule, not upstream's: the running batch's ``batch_is_full`` is
     cleared after every merge that adds requests, where upstream clears it only
     when filtering dropped a request of the prefill batch, empty or not. The test
-    pins both rules.
+    pins both rules. It is an admission policy: under KV pressure upstream, once
+    a batch filled the pool's reservation, admits nothing more until a running
+    request leaves, while this side tries again after each batch it merged and
+    admits what the reservation (upstream's own, shrinking as running requests
+    generate) lets in; a try that admits nothing sets the flag until a request
+    leaves, as upstream's does (docs/architecture.md, "Admission under KV pressure").
 
     Left out: the dLLM staging queue, HiSparse's own prefill-to-decode hand-off
     and the ``last_batch is not running_batch`` guard for a running batch that DP
