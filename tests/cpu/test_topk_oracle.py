@@ -126,3 +126,34 @@ def test_the_oracle_reads_the_real_servers_replies_and_edge_acc_passes(cpu_serve
     moved = {order: [dict(r, top=[[[lp - 0.5, tok] for lp, tok in t] for t in r["top"]]) for r in runs]
              for order, runs in edge.items()}
     assert topk_oracle.mismatches(plain, again, moved), "a moved distribution passed against the real replies"
+
+
+def test_the_suite_judges_edge_acc_against_both_plain_servers(monkeypatch):
+    from tests.gpu import server_suite
+
+    plain = _plain()
+    edge = copy.deepcopy(plain)
+    edge["alone"][0]["top"][2][0][0] = -0.4  # 0.1 from plain: outside twice the plain servers' 0.01
+
+    def family(edge_topk, with_again=True):
+        arms = {"plain": {"result": {"topk": plain}}, "edge-mps": {"result": {"topk": edge_topk}}}
+        if with_again:
+            arms["plain-again"] = {"result": {"topk": _again(plain)}}
+        return {"tiny-torch-compile": {"oracle": "topk", "arms": arms}}
+
+    results = family(copy.deepcopy(plain))
+    server_suite.judge(results)
+    arms = results["tiny-torch-compile"]["arms"]
+    assert arms["plain"]["passed"] and arms["plain-again"]["passed"] and arms["edge-mps"]["passed"], arms
+    assert arms["edge-mps"]["tolerance"] == pytest.approx(0.02)
+    results = family(edge)
+    server_suite.judge(results)
+    assert not results["tiny-torch-compile"]["arms"]["edge-mps"]["passed"]
+    # Until the second plain server has answered there is no tolerance, so no pass.
+    results = family(copy.deepcopy(plain), with_again=False)
+    server_suite.judge(results)
+    assert not results["tiny-torch-compile"]["arms"]["edge-mps"]["passed"]
+    # The second plain server gets plain's environment: no MPS client settings.
+    monkeypatch.setenv("EDGEACC_SUITE_MPS_PIPE", "/tmp/edgeacc-test-pipe")
+    assert server_suite._arm_env("plain-again", "cuda") == {}
+    assert server_suite._arm_env("edge-mps", "cuda")["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/edgeacc-test-pipe"
