@@ -9,7 +9,8 @@ Scheduling is the same code on every platform, so the CPU shows who admits what 
 when; the times are the CPU's.
 
     python -m benchmarks.kv_pressure --out /tmp/kv_pressure.json                   # CPU platform
-    source .gpu-bundle/env.sh && python3 -m benchmarks.kv_pressure --platform cuda --out $OUT/kv_pressure.json
+    source .gpu-bundle/env.sh && python3 -m benchmarks.kv_pressure --platform cuda --model-path DIR \
+        --pool-tokens 60000 --requests 256 --out $OUT/kv_pressure.json                   # not run on a GPU yet
 """
 
 from __future__ import annotations
@@ -92,10 +93,12 @@ def run_burst(server: SglangServer, prompts: list[list[int]], new_tokens: int) -
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    with cf.ThreadPoolExecutor(len(prompts)) as pool:
-        answers = list(pool.map(lambda ids: stream_one(server.url, ids, new_tokens, sent), prompts))
-    done.set()
-    sampler.join()
+    try:
+        with cf.ThreadPoolExecutor(len(prompts)) as pool:
+            answers = list(pool.map(lambda ids: stream_one(server.url, ids, new_tokens, sent), prompts))
+    finally:
+        done.set()  # also when a request failed: the sampler must not poll a stopped server
+        sampler.join()
     after = scrape(server.url)
     firsts = sorted(a["first_token_s"] for a in answers if a["first_token_s"] is not None)
     name = "sglang:num_retracted_requests_total"
@@ -117,12 +120,13 @@ def main(argv=None) -> int:
     parser.add_argument("--requests", type=int, default=24)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--pool-tokens", type=int, default=4096)
+    parser.add_argument("--model-path", default="", help="default: the shipped tiny model (dummy weights)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     if args.platform == "cpu":
         os.environ.setdefault("SGLANG_PLATFORM", "edgeacc_cpu")
     servers = {arm: SglangServer(args=(*server_args(args.pool_tokens), *flags), platform=args.platform,
-                                 startup_timeout_s=420)
+                                 model_path=args.model_path, startup_timeout_s=420)
                for arm, flags in ARMS.items()}
     prompts = burst(args.requests)
     out: dict = {"platform": args.platform, "pool_tokens": args.pool_tokens, "new_tokens": args.new_tokens,
