@@ -20,6 +20,16 @@ BAD_INPUTS = {
     "empty_input_ids_in_batch": ({"input_ids": [[5, 6], []]}, "is empty"),
     "empty_input_ids_batch_of_one": ({"input_ids": [[]]}, "is empty"),
     "longer_than_context": ({"text": TOO_LONG}, "longer than the model's context length"),
+    # Beyond any model's vocabulary: upstream embeds them (an IndexError on the CPU, a device-side assert on a GPU).
+    "token_id_beyond_vocab": ({"input_ids": [5, 6, 10**7]}, "outside the model's vocabulary"),
+    "negative_token_id": ({"input_ids": [5, -3, 7]}, "outside the model's vocabulary"),
+    "token_id_beyond_vocab_in_batch": ({"input_ids": [[5, 6], [7, 10**7]]}, "outside the model's vocabulary"),
+    "more_top_logprobs_than_vocab": (
+        {"text": "Hello", "return_logprob": True, "top_logprobs_num": 10**7}, "top_logprobs_num",
+    ),
+    "logprob_start_len_below_minus_one": (
+        {"text": "Hello", "return_logprob": True, "logprob_start_len": -2}, "logprob_start_len",
+    ),
     "negative_temperature": ({"text": "Hello", "sampling_params": {"temperature": -1}}, "temperature"),
     "top_p_above_one": ({"text": "Hello", "sampling_params": {"top_p": 2}}, "top_p"),
     "negative_max_new_tokens": ({"text": "Hello", "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),

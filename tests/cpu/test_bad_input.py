@@ -3,8 +3,10 @@
 Each bad input goes to a plain server and to an EdgeAcc server of the same
 launch. Both must refuse it with the same 4xx status and a message that says
 what is wrong, stay up, and answer the next valid greedy request with the same
-output ids as before the bad input. An empty prompt used to kill the scheduler
-(the prefill side with EdgeAcc); the ``request_validation`` patch makes it a 400.
+output ids as before the bad input. An empty prompt, a token id outside the
+vocabulary, more top logprobs than the vocabulary has and a ``logprob_start_len``
+below -1 each kill upstream's scheduler (the prefill side with EdgeAcc); the
+``request_validation`` patch makes them a 400.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import pytest
 import requests
 
+from sglang_edgeacc.tiny_model import model_dir
 from tests.bad_requests import BAD_INPUTS, empty_prompt_outcome, send_half_a_request
 from tests.fault_injection import edgeacc_faults
 from tests.harness import SHARED_EDGE_ACC_LAUNCH, SHARED_LAUNCH, CpuServer
@@ -108,6 +111,39 @@ def test_an_empty_prompt_in_a_session_is_left_to_upstream(cpu_servers):
         assert fresh.status_code == 400 and "session" in fresh.json()["error"]["message"], fresh.text[:500]
         replies[launch] = (first["output_ids"], follow.json()["output_ids"])
         _assert_still_serving(server, before, f"empty prompts in sessions on {launch}")
+    assert replies["edge_acc"] == replies["plain"]
+
+
+@pytest.mark.parametrize("route, body", [
+    ("/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "Hi"}], "logprobs": True, "top_logprobs": 10**7}),
+    ("/v1/completions", {"prompt": "Hi", "logprobs": 10**7}),
+], ids=["chat", "completions"])
+def test_openai_routes_refuse_more_top_logprobs_than_the_vocabulary(cpu_servers, route, body):
+    """The OpenAI routes pass top_logprobs through to the same scheduler code that raised on it."""
+    for launch in LAUNCHES:
+        server = _server(cpu_servers, launch)
+        before = _probe_ids(server)
+        response = requests.post(f"{server.url}{route}", json={"model": "m", "max_tokens": 4, **body}, timeout=120)
+        assert response.status_code == 400, f"{launch}: {response.status_code} {response.text[:500]}"
+        assert "top_logprobs" in response.text, response.text[:500]
+        _assert_still_serving(server, before, f"{route} with top_logprobs 10**7 on {launch}")
+
+
+def test_the_edges_of_the_vocabulary_are_still_served(cpu_servers):
+    """What request_validation refuses stops just past what upstream serves: the last token id, as many
+    top logprobs as the vocabulary has, and logprob_start_len -1 are answered, alike in both modes."""
+    vocab = json.loads((model_dir() / "config.json").read_text())["vocab_size"]
+    replies = {}
+    for launch in LAUNCHES:
+        server = _server(cpu_servers, launch)
+        response = requests.post(f"{server.url}/generate", timeout=120, json={
+            "input_ids": [5, vocab - 1, 0], "return_logprob": True, "top_logprobs_num": vocab,
+            "logprob_start_len": -1, "sampling_params": {"max_new_tokens": 2, "temperature": 0}})
+        assert response.status_code == 200, f"{launch}: {response.text[:500]}"
+        meta = response.json()["meta_info"]
+        assert [len(top) for top in meta["output_top_logprobs"]] == [vocab, vocab], launch
+        replies[launch] = response.json()["output_ids"]
     assert replies["edge_acc"] == replies["plain"]
 
 

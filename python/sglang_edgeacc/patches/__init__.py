@@ -110,21 +110,27 @@ One row per module of ``PATCH_MODULES`` (a test checks that every row exists).
   (``sglang.srt.managers.tokenizer_manager``), a BEFORE hook through
   ``HookRegistry``; installed in every launch, with and without
   ``--enable-edge-acc`` (it changes request handling, not argument resolution).
-  Why: a prompt of zero tokens (``{"text": ""}`` with a tokenizer that adds no
-  BOS, ``""`` in a batch of texts, ``[]`` in a batch of ``input_ids``) passes
-  upstream's checks, and its forward has no last position to take logits from:
-  alone, it kills the scheduler (the prefill side with EdgeAcc) with an
-  ``IndexError`` in the logits processor and every later request fails (seen
-  on the CPU platform and on an H200, docs/testing.md); next
-  to other prompts, it is answered from another prompt's logits. How: before
-  upstream's checks, raises a ``ValueError`` (``EmptyPromptError``) for empty
-  token ids outside a session: the kind of error upstream raises for a prompt
-  longer than the context, which the HTTP routes answer with a 400 and its
-  message. So in both modes a crash (or a wrong answer) becomes a 400; no
-  request upstream serves correctly is refused. A session's request is left to
-  upstream, whose history may supply the prompt. Removable when upstream
-  refuses empty prompts after tokenization: ``tests/cpu/test_bad_input.py``
-  serves the same request with the patch switched off and sees the server exit.
+  Why: four kinds of request pass upstream's checks and then raise in the
+  scheduler (the prefill side with EdgeAcc), which takes the server down and
+  fails every later request: a prompt of zero tokens (``{"text": ""}`` with a
+  tokenizer that adds no BOS, ``""`` in a batch of texts, ``[]`` in a batch of
+  ``input_ids``; ``IndexError`` in the logits processor, seen on the CPU
+  platform and on an H200, docs/testing.md; next to other prompts it is
+  answered from another prompt's logits), a prompt token id outside
+  ``[0, vocab_size)`` (``IndexError`` in the embedding on the CPU, a device-side
+  assert on a GPU), ``top_logprobs_num`` (``top_logprobs`` / ``logprobs`` of
+  the OpenAI routes) above the vocabulary size (``torch.topk`` out of range),
+  and ``logprob_start_len`` below -1 with ``return_logprob`` (an assertion in
+  the logprob result processor). How: before upstream's checks, raises a
+  ``ValueError`` subclass naming the field and the fix: the kind of error
+  upstream raises for a prompt longer than the context, which the HTTP routes
+  answer with a 400 and its message. No request upstream serves is refused: a
+  session's empty prompt is left to upstream (its history may supply it), a
+  multimodal request's ids are not range-checked (they may hold its processor's
+  placeholders), and the largest valid values pass
+  (``tests/cpu/test_bad_input.py``). Removable when upstream refuses these
+  after tokenization: ``tests/cpu/test_bad_input.py`` serves an empty prompt
+  with the patch switched off and sees the server exit.
 * ``start_failure`` — target: ``http_server.launch_server`` (BEFORE),
   ``uvicorn.lifespan.on.LifespanOn.shutdown`` (BEFORE),
   ``http_server._wait_and_warmup`` (AROUND) and

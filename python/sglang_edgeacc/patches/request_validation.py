@@ -1,11 +1,16 @@
-"""Patch ``request_validation``: an empty prompt is a 400 from the tokenizer manager, not a dead scheduler.
+"""Patch ``request_validation``: a request the scheduler cannot serve is a 400, not a dead scheduler.
 
 Target: ``TokenizerManager._validate_one_request`` (BEFORE hook), which upstream runs on
 every prompt after tokenization, one call per prompt of a batch. The hook raises a
-``ValueError`` for a prompt of zero tokens, the kind upstream raises for a prompt longer
-than the context and the HTTP routes answer with a 400. A session's request is left to
-upstream, whose history may supply the prompt; ``input_embeds`` requests carry no token
-ids here and are left alone. Why it exists, and when it can be removed: the patch table in ``sglang_edgeacc/patches/__init__.py``.
+``ValueError`` (the kind upstream raises for a prompt longer than the context, which the
+HTTP routes answer with a 400) for a prompt of zero tokens, for a prompt token id
+outside the model's vocabulary, and for logprob arguments the scheduler cannot serve
+(more top logprobs than the vocabulary has tokens; a ``logprob_start_len`` below -1);
+each of these otherwise raises in the scheduler and takes the server down. A session's
+empty prompt is left to upstream, whose history may supply it; ``input_embeds`` requests
+carry no token ids here, and a multimodal request's ids may hold its processor's
+placeholders, so both are left alone.
+Why it exists, and when it can be removed: the patch table in ``sglang_edgeacc/patches/__init__.py``.
 """
 
 from __future__ import annotations
@@ -14,9 +19,19 @@ from sglang_edgeacc.patches._base import Patch, Target
 
 VALIDATE_ONE_REQUEST = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
 
+_MULTIMODAL_FIELDS = ("image_data", "video_data", "audio_data")
+
 
 class EmptyPromptError(ValueError):
     """A prompt of zero tokens; a ValueError so that sglang's HTTP layer answers 400."""
+
+
+class TokenIdOutOfVocabError(ValueError):
+    """A prompt token id the embedding has no row for; a ValueError so that sglang's HTTP layer answers 400."""
+
+
+class LogprobArgumentError(ValueError):
+    """Logprob arguments the scheduler would raise on; a ValueError so that sglang's HTTP layer answers 400."""
 
 
 def empty_prompt_message(obj) -> str:
@@ -31,22 +46,67 @@ def _in_session(obj) -> bool:
     return isinstance(params, dict) and bool(params.get("id"))
 
 
-def refuse_empty_prompt(tokenizer_manager, obj, input_ids, *args, **kwargs) -> None:
-    """BEFORE hook: raise :class:`EmptyPromptError` for a prompt of zero tokens outside a session."""
-    del tokenizer_manager, args, kwargs
-    if input_ids is not None and len(input_ids) == 0 and not _in_session(obj):
-        raise EmptyPromptError(empty_prompt_message(obj))
+def _multimodal(obj) -> bool:
+    return any(getattr(obj, name, None) for name in _MULTIMODAL_FIELDS)
+
+
+def out_of_vocab(input_ids, vocab_size: int) -> tuple[int, int] | None:
+    """The first (position, id) of ``input_ids`` outside ``[0, vocab_size)``, or None."""
+    if min(input_ids) >= 0 and max(input_ids) < vocab_size:  # the common case, without a Python loop
+        return None
+    return next((i, t) for i, t in enumerate(input_ids) if not 0 <= t < vocab_size)
+
+
+def logprob_argument_error(obj, vocab_size: int) -> str | None:
+    """What is wrong with a request's logprob arguments, or None; only asked for logprobs count."""
+    if not getattr(obj, "return_logprob", False):
+        return None
+    top = getattr(obj, "top_logprobs_num", 0) or 0
+    if top > vocab_size:
+        return (f"top_logprobs_num (top_logprobs in the OpenAI API) is {top}, more than the model's vocabulary "
+                f"of {vocab_size} tokens; ask for at most {vocab_size}.")
+    start = getattr(obj, "logprob_start_len", -1)
+    if start is not None and start < -1:
+        return (f"logprob_start_len is {start}; use -1 for the output's logprobs only, or a prompt position "
+                "(0 or more) to start the prompt's logprobs from.")
+    return None
+
+
+def refuse_unservable_prompt(tokenizer_manager, obj, input_ids, *args, **kwargs) -> None:
+    """BEFORE hook: raise for a prompt of zero tokens outside a session, an id outside the vocabulary,
+    or logprob arguments the scheduler cannot serve."""
+    del args, kwargs
+    vocab_size = tokenizer_manager.model_config.vocab_size
+    problem = logprob_argument_error(obj, vocab_size)
+    if problem is not None:
+        raise LogprobArgumentError(problem)
+    if input_ids is None:
+        return
+    if len(input_ids) == 0:
+        if not _in_session(obj):
+            raise EmptyPromptError(empty_prompt_message(obj))
+        return
+    if _multimodal(obj):
+        return
+    bad = out_of_vocab(input_ids, vocab_size)
+    if bad is not None:
+        position, token_id = bad
+        raise TokenIdOutOfVocabError(
+            f"The input has token id {token_id} at position {position}, outside the model's vocabulary "
+            f"[0, {vocab_size}); send token ids of this model's tokenizer.")
 
 
 def _install() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    HookRegistry.register(VALIDATE_ONE_REQUEST, refuse_empty_prompt, HookType.BEFORE)
+    HookRegistry.register(VALIDATE_ONE_REQUEST, refuse_unservable_prompt, HookType.BEFORE)
 
 
 PATCH = Patch(
     name="request_validation",
-    summary="an empty prompt is refused with a 400 by the tokenizer manager instead of killing the scheduler",
+    summary="an empty prompt, a token id outside the vocabulary, more top logprobs than the vocabulary "
+            "has or a logprob_start_len below -1 is refused with a 400 by the tokenizer manager instead of "
+            "killing the scheduler",
     targets=(Target(VALIDATE_ONE_REQUEST, params=("self", "obj", "input_ids")),),
     install=_install,
 )
