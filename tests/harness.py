@@ -375,3 +375,20 @@ def assert_nothing_left(server: SglangServer, within_s: float = 5.0) -> None:
         except psutil.Error:  # ended meanwhile
             pass
     assert not left, f"processes of the server left behind: {left}"
+
+
+def random_checkpoint(directory, seed: int) -> str:
+    """The shipped tiny model's config and tokenizer with random weights saved as safetensors."""
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    shutil.copytree(model_dir(), directory, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(directory))
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0, 0.5)
+    model.save_pretrained(directory, safe_serialization=True)
+    return str(directory)

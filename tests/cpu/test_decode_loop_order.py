@@ -245,3 +245,38 @@ def test_a_prefill_reply_during_the_wait_is_taken_before_the_next_step():
     # out the rest of the interval before step 3.
     assert collected.count(3) == 2, collected
     assert ev[_at(ev, "reply", 3) + 1:_at(ev, "run", 3)] == [("waited", 15)], ev
+
+
+def test_a_retracting_pause_right_after_a_reply_taken_during_the_wait():
+    """Upstream's retracting pause takes the last step's result from the queue whenever there is a last
+    batch; after a reply ended a pacing wait that result has already gone out. Upstream's own pause runs
+    here, on the recorded loop, in the pass that took the reply."""
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+    from sglang.srt.managers.io_struct import PauseGenerationReqInput
+
+    side, _ = _paced_side(prefill_busy=True, reply_before_step=3)
+    # What upstream's retracting pause reads and writes of a scheduler with nothing running.
+    side.running_batch = SimpleNamespace(batch_size=lambda: 0, reqs=[], batch_is_full=False)
+    side.disaggregation_mode = DisaggregationMode.NULL
+    side.enable_overlap_mlx = False
+    side._pause_started_at = None
+    side.decode_offload_manager = None
+    side.metrics_reporter = SimpleNamespace(last_gen_throughput=0.0, current_scheduler_metrics_enabled=False)
+    side.kv_events_publisher = SimpleNamespace(publish_kv_events=lambda: None)
+    paused = []
+
+    def collect():  # the reply that ended the wait is merged when the loop (or the pause) takes it
+        if ("reply", 3) in side.events:
+            side.prefill_link.busy = False
+
+    def ingest_requests():
+        if ("reply", 3) in side.events and not paused:
+            paused.append(len(side.result_queue))
+            side.pause_generation(PauseGenerationReqInput(mode="retract"))
+            side._engine_paused = False  # continued at once
+
+    side.ingest_requests = ingest_requests
+    side._edge_collect_prefill = collect
+    side.event_loop_edge_acc_decode()
+    assert paused == [0], paused  # the pause came with the last step's result already processed
+    assert [s for what, s in side.events if what == "process"] == [1, 2, 3, 4], side.events

@@ -22,7 +22,7 @@ import requests
 
 from tests import harness
 from tests.fault_injection import edgeacc_faults
-from tests.harness import SHARED_EDGE_ACC_LAUNCH, SHARED_LAUNCH, CpuServer, assert_nothing_left
+from tests.harness import SHARED_EDGE_ACC_LAUNCH, SHARED_LAUNCH, CpuServer, assert_nothing_left, random_checkpoint
 from tests.cpu.test_server_cpu_platform import check_generate_and_chat
 
 pytestmark = pytest.mark.server
@@ -347,33 +347,14 @@ def test_every_prefill_side_line_says_it_is_the_prefill_side(cpu_servers):
             assert line not in prefill, line
 
 
-def _random_checkpoint(directory, seed: int) -> str:
-    """The shipped tiny model's config and tokenizer with random weights saved as safetensors."""
-    import shutil
-
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from sglang_edgeacc.tiny_model import model_dir
-
-    shutil.copytree(model_dir(), directory, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(directory))
-    with torch.no_grad():
-        for param in model.parameters():
-            param.normal_(0, 0.5)
-    model.save_pretrained(directory, safe_serialization=True)
-    return str(directory)
-
-
 def test_weight_update_from_disk_reaches_the_prefill_side(tmp_path):
     """Upstream updates weights in place on the decode side; the prefill side maps that memory.
 
     The first token of every request is sampled by the prefill side, so outputs after
     the update equal upstream's only if the prefill side computes with the new weights.
     """
-    first = _random_checkpoint(tmp_path / "first", seed=1)
-    second = _random_checkpoint(tmp_path / "second", seed=2)
+    first = random_checkpoint(tmp_path / "first", seed=1)
+    second = random_checkpoint(tmp_path / "second", seed=2)
     seen = {}
     # Both start at once (each start leaves a core idle for a while), then serve one after the other.
     servers = {name: CpuServer(args=("--model-path", first, "--load-format", "auto", *extra)).launch()

@@ -26,9 +26,18 @@ class _Updater:
         return "ok"
 
 
-def _guarded():
+def _guarded(settle=lambda name: None):
     model = torch.nn.Linear(4, 4)
-    return model, GuardedWeightUpdater(_Updater(model), lambda: model, "[edgeacc decode tp0]")
+    return model, GuardedWeightUpdater(_Updater(model), lambda: model, "[edgeacc decode tp0]", settle=settle)
+
+
+def test_the_prefill_side_is_settled_before_the_weights_are_written():
+    seen = []
+    model, updater = _guarded(settle=lambda name: seen.append((name, model.weight.detach().clone())))
+    before = model.weight.detach().clone()
+    updater.update_weights_from_disk(2.0)
+    assert [name for name, _ in seen] == ["update_weights_from_disk"]
+    assert torch.equal(seen[0][1], before)  # settled while the old weights were still there
 
 
 def test_an_in_place_update_passes_and_keeps_the_memory():
@@ -45,5 +54,7 @@ def test_an_update_that_reallocates_stops_with_the_reason():
 
 
 def test_everything_else_passes_through():
-    model, updater = _guarded()
+    seen = []
+    model, updater = _guarded(settle=seen.append)
     assert updater.model is model
+    assert seen == []

@@ -162,7 +162,34 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         # Before init_request_dispatcher binds the update handlers.
         runner = self.tp_worker.model_runner
         self.weight_updater = GuardedWeightUpdater(self.weight_updater, lambda: runner.model,
-                                                   self._edge_log_prefix())
+                                                   self._edge_log_prefix(), settle=self._edge_settle_prefill)
+
+    def pause_generation(self, recv_req):
+        if recv_req.mode == "retract":
+            # Retraction frees the KV of every request upstream finds and recomputes it after the pause,
+            # under new weights if they change meanwhile. The batch at the prefill side is in none of the
+            # places upstream looks: merged first, its requests are retracted with the others, and no slot
+            # its forward still writes is freed.
+            self._edge_settle_prefill("pause_generation")
+            if self.last_batch is not None and not self.result_queue:
+                # Its result went out before a pacing wait; upstream would take it from the queue again.
+                self.last_batch = None
+        return super().pause_generation(recv_req)
+
+    def _edge_settle_prefill(self, why: str) -> None:
+        """Wait for the batch at the prefill side, if any, and merge its result as the loop would.
+
+        Every rank of the attention-TP group handles the same control request at the same
+        point and has the same batch in flight, so they poll (a collective) in step.
+        """
+        if not self.prefill_link.busy:
+            return
+        logger.info("%s %s: waiting for the prefill batch in flight", self._edge_log_prefix(), why)
+        while self.prefill_link.busy:
+            self.prefill_link.check_alive()
+            self._edge_collect_prefill()
+            if self.prefill_link.busy:
+                self.prefill_link.wait_readable(IDLE_WAIT_MS)
 
     def _edge_event_loop(self) -> None:
         self.event_loop_edge_acc_decode()

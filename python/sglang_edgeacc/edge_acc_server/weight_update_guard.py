@@ -8,6 +8,12 @@ repacks) would leave the prefill side on the old weights, and the two sides woul
 disagree without a word. So after every update the decode side checks that each
 parameter and buffer still lives where the prefill side mapped it, and otherwise stops
 the server with the reason.
+
+Before a method that writes the weights, the batch at the prefill side (if any) is
+waited for: its forward reads the memory the update writes, and one that ran across
+an update would compute part of its layers with each set of weights. Upstream lets an
+update in only while no request runs, except while generation is paused, when it
+applies the update at once.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ UPDATE_METHODS = (
     "update_weights_from_distributed",
     "update_weights_from_ipc",
 )
+# Writes weights too (restores packed ones) but leaves them where they were.
+WRITING_METHODS = UPDATE_METHODS + ("begin_weight_update",)
 
 
 class SharedWeightsMoved(RuntimeError):
@@ -39,22 +47,31 @@ def storage_addresses(model: torch.nn.Module) -> dict[str, int]:
 
 
 class GuardedWeightUpdater:
-    """Upstream's weight-updater component, its update methods checked; everything else passes through."""
+    """Upstream's weight-updater component, its writing methods run with the prefill side idle and its
+    update methods checked; everything else passes through.
 
-    def __init__(self, updater, get_model: Callable[[], torch.nn.Module], log_prefix: str):
+    ``settle`` returns once no forward of the prefill side reads the weights.
+    """
+
+    def __init__(self, updater, get_model: Callable[[], torch.nn.Module], log_prefix: str,
+                 settle: Callable[[str], None]):
         self._updater = updater
         self._get_model = get_model
         self._log_prefix = log_prefix
+        self._settle = settle
         self._shared = storage_addresses(get_model())
 
     def __getattr__(self, name: str):
         attribute = getattr(self._updater, name)
-        return self._checked(attribute, name) if name in UPDATE_METHODS else attribute
+        return self._guarded(attribute, name) if name in WRITING_METHODS else attribute
 
-    def _checked(self, method, name: str):
+    def _guarded(self, method, name: str):
         @functools.wraps(method)
         def run(*args, **kwargs):
+            self._settle(name)
             output = method(*args, **kwargs)
+            if name not in UPDATE_METHODS:
+                return output
             now = storage_addresses(self._get_model())
             moved = sorted(n for n in self._shared if now.get(n) != self._shared[n])
             if moved:
