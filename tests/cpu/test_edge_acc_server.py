@@ -347,18 +347,84 @@ def test_every_prefill_side_line_says_it_is_the_prefill_side(cpu_servers):
             assert line not in prefill, line
 
 
-def test_weight_update_from_disk_reaches_the_prefill_side(tmp_path):
+SLOW = "edgeacc-test-slow"
+PAUSE_PROMPT = [5, 17, 42, 99, 123, 7, 300, 12]
+
+
+def _greedy_ids(server, input_ids, max_new_tokens, rid=None) -> list[int]:
+    body = {"input_ids": input_ids, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}}
+    if rid is not None:
+        body["rid"] = rid
+    reply = requests.post(f"{server.url}/generate", json=body, timeout=300)
+    assert reply.status_code == 200, reply.text[:500]
+    return reply.json()["output_ids"]
+
+
+def _post_ok(server, route, body) -> dict:
+    reply = requests.post(f"{server.url}{route}", json=body, timeout=300)
+    assert reply.status_code == 200, f"{route}: {reply.status_code} {reply.text[:500]}"
+    return reply.json()
+
+
+def _pause_update_continue(server, mode: str, checkpoint: str, new_tokens: int) -> list[int]:
+    """A greedy request whose prefill is at the prefill side (slowed by a test fault) while generation
+    pauses, the weights change to ``checkpoint``, and generation continues; its output ids."""
+    with cf.ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(_greedy_ids, server, PAUSE_PROMPT, new_tokens, f"{SLOW}-{mode}")
+        time.sleep(0.4 * edgeacc_faults.SLOW_PREFILL_S)
+        assert not pending.done()
+        _post_ok(server, "/pause_generation", {"mode": mode})
+        try:
+            # Kept requests keep their KV in place, so the cache stays (upstream refuses to flush it under them).
+            update = {"model_path": checkpoint, "flush_cache": mode == "retract"}
+            assert _post_ok(server, "/update_weights_from_disk", update)["success"]
+        finally:
+            _post_ok(server, "/continue_generation", {})
+        return pending.result()
+
+
+def _check_pause_with_a_prefill_in_flight(server, old: str, new: str) -> None:
+    """Upstream's ``/pause_generation`` with ``mode: retract`` frees the KV of every request it finds and
+    recomputes it after ``/continue_generation``, so that a weight update in between (applied at once while
+    paused: the RL loop of pause, update, continue) reaches every request. The batch at the prefill side is
+    in none of the places upstream looks: the pause waits for it, merges it and retracts it with the rest,
+    so the request keeps the first token of the weights it was sent under and continues on the new ones,
+    as upstream's does. Without that, its first token came from a forward run after the update and the
+    update's cache flush failed ("requests are still running"). ``mode: in_place`` retracts nothing; the
+    update itself then waits for the batch, so that no forward reads weights being written."""
+    first_token = _greedy_ids(server, PAUSE_PROMPT, 1)
+    output = _pause_update_continue(server, "retract", new, new_tokens=8)
+    assert output[:1] == first_token, (output, first_token)
+    assert output[1:] == _greedy_ids(server, PAUSE_PROMPT + first_token, 7), output
+    assert first_token != _greedy_ids(server, PAUSE_PROMPT, 1), "the two checkpoints must answer differently"
+
+    first_token = _greedy_ids(server, PAUSE_PROMPT, 1)
+    output = _pause_update_continue(server, "in_place", old, new_tokens=8)
+    assert output[:1] == first_token and len(output) == 8, (output, first_token)
+
+    log = server.log_tail(10**7)
+    assert log.count("pause_generation: waiting for the prefill batch in flight") == 1
+    assert log.count("update_weights_from_disk: waiting for the prefill batch in flight") == 1
+    # Nothing left running or holding KV: the cache flushes.
+    flush = requests.post(f"{server.url}/flush_cache", timeout=60)
+    assert flush.status_code == 200 and "Cache flushed" in flush.text, flush.text
+
+
+def test_weight_updates_reach_the_prefill_side_also_while_paused(tmp_path):
     """Upstream updates weights in place on the decode side; the prefill side maps that memory.
 
     The first token of every request is sampled by the prefill side, so outputs after
     the update equal upstream's only if the prefill side computes with the new weights.
+    The EdgeAcc server then pauses and updates with a batch at its prefill side
+    (``_check_pause_with_a_prefill_in_flight``).
     """
     first = random_checkpoint(tmp_path / "first", seed=1)
     second = random_checkpoint(tmp_path / "second", seed=2)
     seen = {}
+    slow = edgeacc_faults.server_env(**{edgeacc_faults.SLOW_PREFILL_RID_ENV: SLOW})
     # Both start at once (each start leaves a core idle for a while), then serve one after the other.
-    servers = {name: CpuServer(args=("--model-path", first, "--load-format", "auto", *extra)).launch()
-               for name, extra in (("upstream", ()), ("edge", ("--enable-edge-acc",)))}
+    servers = {name: CpuServer(args=("--model-path", first, "--load-format", "auto", *extra)).launch(env=env)
+               for name, extra, env in (("upstream", (), None), ("edge", ("--enable-edge-acc",), slow))}
     try:
         for name, server in servers.items():
             server.wait_healthy()
@@ -368,10 +434,11 @@ def test_weight_update_from_disk_reaches_the_prefill_side(tmp_path):
             seen[name] = (before, reply.json()["success"], after)
             if name == "edge":  # the decode side checked that the prefill side's mapping still holds the weights
                 assert "update_weights_from_disk: weights updated in place" in server.log_tail(10**7)
+                assert seen["edge"] == seen["upstream"]
+                before, success, after = seen["edge"]
+                assert success and before != after
+                _check_pause_with_a_prefill_in_flight(server, old=second, new=first)
             server.stop()
     finally:
         for server in servers.values():
             server.stop()
-    assert seen["edge"] == seen["upstream"]
-    before, success, after = seen["edge"]
-    assert success and before != after
