@@ -27,6 +27,10 @@ BAD_INPUTS = {
     "more_top_logprobs_than_vocab": (
         {"text": "Hello", "return_logprob": True, "top_logprobs_num": 10**7}, "top_logprobs_num",
     ),
+    # Upstream answers a bare 500; the server survives it.
+    "stop_regex_that_does_not_compile": (
+        {"text": "Hello", "sampling_params": {"stop_regex": "(["}}, "not a valid regular expression",
+    ),
     "logprob_start_len_below_minus_one": (
         {"text": "Hello", "return_logprob": True, "logprob_start_len": -2}, "logprob_start_len",
     ),

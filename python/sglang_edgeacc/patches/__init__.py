@@ -121,7 +121,9 @@ One row per module of ``PATCH_MODULES`` (a test checks that every row exists).
   assert on a GPU), ``top_logprobs_num`` (``top_logprobs`` / ``logprobs`` of
   the OpenAI routes) above the vocabulary size (``torch.topk`` out of range),
   and ``logprob_start_len`` below -1 with ``return_logprob`` (an assertion in
-  the logprob result processor). How: before upstream's checks, raises a
+  the logprob result processor); a ``stop_regex`` that does not compile, which
+  upstream's parser answers with a bare 500 ("Internal Server Error"), is
+  refused with the parser's message as well. How: before upstream's checks, raises a
   ``ValueError`` subclass naming the field and the fix: the kind of error
   upstream raises for a prompt longer than the context, which the HTTP routes
   answer with a 400 and its message. No request upstream serves is refused: a

@@ -6,7 +6,9 @@ every prompt after tokenization, one call per prompt of a batch. The hook raises
 HTTP routes answer with a 400) for a prompt of zero tokens, for a prompt token id
 outside the model's vocabulary, and for logprob arguments the scheduler cannot serve
 (more top logprobs than the vocabulary has tokens; a ``logprob_start_len`` below -1);
-each of these otherwise raises in the scheduler and takes the server down. A session's
+each of these otherwise raises in the scheduler and takes the server down. A
+``stop_regex`` that does not compile is refused too: upstream answers it with a bare
+500 ("Internal Server Error"). A session's
 empty prompt is left to upstream, whose history may supply it; ``input_embeds`` requests
 carry no token ids here, and a multimodal request's ids may hold its processor's
 placeholders, so both are left alone.
@@ -14,6 +16,8 @@ Why it exists, and when it can be removed: the patch table in ``sglang_edgeacc/p
 """
 
 from __future__ import annotations
+
+import re
 
 from sglang_edgeacc.patches._base import Patch, Target
 
@@ -32,6 +36,10 @@ class TokenIdOutOfVocabError(ValueError):
 
 class LogprobArgumentError(ValueError):
     """Logprob arguments the scheduler would raise on; a ValueError so that sglang's HTTP layer answers 400."""
+
+
+class StopRegexError(ValueError):
+    """A stop_regex that does not compile; upstream's parser raises re.error, which the HTTP layer makes a 500."""
 
 
 def empty_prompt_message(obj) -> str:
@@ -72,6 +80,20 @@ def logprob_argument_error(obj, vocab_size: int) -> str | None:
     return None
 
 
+def stop_regex_error(obj) -> str | None:
+    """Why a request's ``stop_regex`` does not compile, or None."""
+    params = getattr(obj, "sampling_params", None)
+    patterns = params.get("stop_regex") if isinstance(params, dict) else None
+    for pattern in [patterns] if isinstance(patterns, str) else patterns or ():
+        if not isinstance(pattern, str):
+            continue  # upstream's own checks name the type
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            return f"stop_regex {pattern!r} is not a valid regular expression: {exc}."
+    return None
+
+
 def refuse_unservable_prompt(tokenizer_manager, obj, input_ids, *args, **kwargs) -> None:
     """BEFORE hook: raise for a prompt of zero tokens outside a session, an id outside the vocabulary,
     or logprob arguments the scheduler cannot serve."""
@@ -80,6 +102,9 @@ def refuse_unservable_prompt(tokenizer_manager, obj, input_ids, *args, **kwargs)
     problem = logprob_argument_error(obj, vocab_size)
     if problem is not None:
         raise LogprobArgumentError(problem)
+    problem = stop_regex_error(obj)
+    if problem is not None:
+        raise StopRegexError(problem)
     if input_ids is None:
         return
     if len(input_ids) == 0:
@@ -104,9 +129,9 @@ def _install() -> None:
 
 PATCH = Patch(
     name="request_validation",
-    summary="an empty prompt, a token id outside the vocabulary, more top logprobs than the vocabulary "
-            "has or a logprob_start_len below -1 is refused with a 400 by the tokenizer manager instead of "
-            "killing the scheduler",
+    summary="a request that kills upstream's scheduler (an empty prompt, a token id outside the vocabulary, more "
+            "top logprobs than the vocabulary has, a logprob_start_len below -1) or gets a bare 500 (a stop_regex "
+            "that does not compile) is refused with a 400 that names the field",
     targets=(Target(VALIDATE_ONE_REQUEST, params=("self", "obj", "input_ids")),),
     install=_install,
 )
