@@ -26,20 +26,8 @@ VALIDATE_ONE_REQUEST = "sglang.srt.managers.tokenizer_manager.TokenizerManager._
 _MULTIMODAL_FIELDS = ("image_data", "video_data", "audio_data")
 
 
-class EmptyPromptError(ValueError):
-    """A prompt of zero tokens; a ValueError so that sglang's HTTP layer answers 400."""
-
-
-class TokenIdOutOfVocabError(ValueError):
-    """A prompt token id the embedding has no row for; a ValueError so that sglang's HTTP layer answers 400."""
-
-
-class LogprobArgumentError(ValueError):
-    """Logprob arguments the scheduler would raise on; a ValueError so that sglang's HTTP layer answers 400."""
-
-
-class StopRegexError(ValueError):
-    """A stop_regex that does not compile; upstream's parser raises re.error, which the HTTP layer makes a 500."""
+class UnservableRequest(ValueError):
+    """A request the scheduler cannot serve; a ValueError so that sglang's HTTP layer answers 400 with the message."""
 
 
 def empty_prompt_message(obj) -> str:
@@ -94,31 +82,28 @@ def stop_regex_error(obj) -> str | None:
     return None
 
 
+def prompt_error(obj, input_ids, vocab_size: int) -> str | None:
+    """What is wrong with a prompt's token ids, or None."""
+    if input_ids is None:
+        return None
+    if len(input_ids) == 0:
+        return None if _in_session(obj) else empty_prompt_message(obj)
+    bad = None if _multimodal(obj) else out_of_vocab(input_ids, vocab_size)
+    if bad is None:
+        return None
+    position, token_id = bad
+    return (f"The input has token id {token_id} at position {position}, outside the model's vocabulary "
+            f"[0, {vocab_size}); send token ids of this model's tokenizer.")
+
+
 def refuse_unservable_prompt(tokenizer_manager, obj, input_ids, *args, **kwargs) -> None:
-    """BEFORE hook: raise for a prompt of zero tokens outside a session, an id outside the vocabulary,
-    or logprob arguments the scheduler cannot serve."""
+    """BEFORE hook: raise :class:`UnservableRequest` with the first problem found, if any."""
     del args, kwargs
     vocab_size = tokenizer_manager.model_config.vocab_size
-    problem = logprob_argument_error(obj, vocab_size)
+    problem = (logprob_argument_error(obj, vocab_size) or stop_regex_error(obj)
+               or prompt_error(obj, input_ids, vocab_size))
     if problem is not None:
-        raise LogprobArgumentError(problem)
-    problem = stop_regex_error(obj)
-    if problem is not None:
-        raise StopRegexError(problem)
-    if input_ids is None:
-        return
-    if len(input_ids) == 0:
-        if not _in_session(obj):
-            raise EmptyPromptError(empty_prompt_message(obj))
-        return
-    if _multimodal(obj):
-        return
-    bad = out_of_vocab(input_ids, vocab_size)
-    if bad is not None:
-        position, token_id = bad
-        raise TokenIdOutOfVocabError(
-            f"The input has token id {token_id} at position {position}, outside the model's vocabulary "
-            f"[0, {vocab_size}); send token ids of this model's tokenizer.")
+        raise UnservableRequest(problem)
 
 
 def _install() -> None:
