@@ -33,12 +33,31 @@ DECODE_COUNTERS = ("decode_steps", "decode_step_seconds", "decode_step_requests"
 BESIDE = ("yes", "no")
 
 PREFIX = "sglang_edgeacc_"
+# Upstream's own latency histograms, on both arms: a request's time to its first token, and the
+# scheduler's stages of it (request_process: received to queued; queue: queued to its first
+# forward; prefill_forward: that forward to its result processed).
+UPSTREAM_HISTOGRAMS = {"sglang:time_to_first_token_seconds": "ttft", "sglang:queue_time_seconds": "queue",
+                       "sglang:per_stage_req_latency_seconds": "stage"}
+STAGES = ("request_process", "prefill_forward")
+
+
+def _upstream_sample(sample) -> str | None:
+    for family, key in UPSTREAM_HISTOGRAMS.items():
+        for end in ("_sum", "_count"):
+            if sample.name != family + end:
+                continue
+            if key == "stage":
+                stage = sample.labels.get("stage")
+                return f"stage.{stage}{end}" if stage in STAGES else None
+            return key + end
+    return None
 
 
 def parse_counters(text: str) -> dict[str, float]:
-    """EdgeAcc's work counters from a ``/metrics`` page, summed over ranks.
+    """EdgeAcc's work counters and upstream's first-token latencies from a ``/metrics`` page, summed over ranks.
 
-    Decode counters are kept per ``beside_prefill`` value, as ``decode_steps.yes`` and so on.
+    Decode counters are kept per ``beside_prefill`` value, as ``decode_steps.yes`` and so on;
+    the prefill path's parts as ``prefill_path.<part>``; upstream's histograms as sums and counts.
     """
     # Imported here: the benchmark runs without it unless --gpu-share asks for the counters.
     from prometheus_client.parser import text_string_to_metric_families
@@ -46,6 +65,17 @@ def parse_counters(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
+            upstream = _upstream_sample(sample)
+            if upstream is not None:
+                out[upstream] = out.get(upstream, 0.0) + sample.value
+                continue
+            if sample.name == PREFIX + "prefill_path_seconds_total":
+                key = f"prefill_path.{sample.labels.get('part')}"
+                out[key] = out.get(key, 0.0) + sample.value
+                continue
+            if sample.name == PREFIX + "prefill_batches_total":
+                out["prefill_batches"] = out.get("prefill_batches", 0.0) + sample.value
+                continue
             if not sample.name.startswith(PREFIX) or not sample.name.endswith("_total"):
                 continue
             name = sample.name[len(PREFIX):-len("_total")]
@@ -98,7 +128,7 @@ def shares(before: dict[str, float], after: dict[str, float], costs: ModelCosts,
            tflops_ceiling: float = H200_BF16_TFLOPS, gbps_ceiling: float = H200_COPY_GBPS) -> dict:
     """Each side's achieved rate and busy share over one workload (``after`` minus ``before``)."""
     delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in set(before) | set(after)}
-    out: dict = {}
+    out: dict = {"latency_ms": mean_latencies(delta)}
     busy_s = delta.get("prefill_forward_seconds", 0.0)
     if busy_s > 0:
         flops = (delta.get("prefill_tokens", 0.0) * costs.linear_flops_per_token
@@ -123,6 +153,21 @@ def shares(before: dict[str, float], after: dict[str, float], costs: ModelCosts,
     return out
 
 
+def mean_latencies(delta: dict[str, float]) -> dict[str, float]:
+    """Mean milliseconds of upstream's first-token stages per request and of the prefill path's parts per batch."""
+    out = {}
+    for key in ("ttft", "queue", *(f"stage.{s}" for s in STAGES)):
+        count = delta.get(f"{key}_count", 0.0)
+        if count > 0:
+            out[key] = delta.get(f"{key}_sum", 0.0) / count * 1e3
+    batches = delta.get("prefill_batches", 0.0)
+    if batches > 0:
+        for key, value in delta.items():
+            if key.startswith("prefill_path."):
+                out[key] = value / batches * 1e3
+    return out
+
+
 def share_table(arms: dict) -> str:
     """Markdown rows of each arm's and workload's shares, where the run recorded them."""
     lines = ["| arm | workload | prefill busy | prefill TFLOP/s (of ceiling) | decode beside prefill: step ms, "
@@ -142,5 +187,27 @@ def share_table(arms: dict) -> str:
                 d = share.get(f"decode_beside_prefill_{beside}")
                 cells.append(f"{d['step_ms']:.1f}, {d['batch']:.0f}, {d['gbps']:.0f} ({d['of_ceiling']:.0%})"
                              if d else "-")
+            lines.append(f"| {arm} | {workload} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) if found else ""
+
+
+LATENCY_COLUMNS = ("ttft", "stage.request_process", "queue", "stage.prefill_forward",
+                   *(f"prefill_path.{part}" for part in
+                     ("schedule", "to_prefill_side", "unpack", "forward", "to_decode_side", "result")))
+
+
+def latency_table(arms: dict) -> str:
+    """Markdown rows of mean milliseconds: per request, upstream's first-token stages (both arms); per
+    prefill batch, the parts of EdgeAcc's prefill path."""
+    lines = ["| arm | workload | " + " | ".join(c.split(".")[-1] for c in LATENCY_COLUMNS) + " |",
+             "|---|---|" + "---:|" * len(LATENCY_COLUMNS)]
+    found = False
+    for arm, entry in arms.items():
+        for workload, result in entry.get("workloads", {}).items():
+            latency = ((result.get("gpu_share") or {}).get("latency_ms") if isinstance(result, dict) else None)
+            if not latency:
+                continue
+            found = True
+            cells = [f"{latency[c]:.1f}" if c in latency else "-" for c in LATENCY_COLUMNS]
             lines.append(f"| {arm} | {workload} | " + " | ".join(cells) + " |")
     return "\n".join(lines) if found else ""

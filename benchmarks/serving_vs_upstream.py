@@ -14,9 +14,11 @@ so the comparison also says whether EdgeAcc answered as upstream did.
 
     python3 -m benchmarks.serving_vs_upstream --report a.json b.json   # merge runs, print the ratio table
 
-``--gpu-share`` starts every arm with ``--enable-metrics`` and, for EdgeAcc arms, reads the
-decode side's work counters around each workload: the prefill side's achieved TFLOP/s and the
-decode side's GB/s beside a prefill and alone (``benchmarks/gpu_share.py``).
+``--gpu-share`` starts every arm with ``--enable-metrics`` and reads ``/metrics`` around each
+workload: on every arm upstream's first-token stages (received, queued, forward), and on EdgeAcc
+arms the decode side's work counters (the prefill side's achieved TFLOP/s, the decode side's GB/s
+beside a prefill and alone) and the mean time of each part of the prefill path
+(``benchmarks/gpu_share.py``).
 
 The model is Qwen3-8B-shaped with dummy weights and a production-sized
 (151,936-entry) tokenizer (``tests/serving_models.py``). ``--platform cpu
@@ -252,8 +254,7 @@ def run_arm(arm: str, platform: str, model: str, dummy: bool, workloads: dict[st
         print(f"[bench] {arm}: healthy after {server.started_s:.0f} s", flush=True)
         entry["fingerprint"] = fingerprint(server, fingerprint_vocab, sensitive=False)
         entry["gpu_mib"] = server_memory(server)
-        entry["workloads"] = run_workloads(server, model, workloads, log_dir,
-                                           counters=counters and "--enable-edge-acc" in flags)
+        entry["workloads"] = run_workloads(server, model, workloads, log_dir, counters=counters)
         entry["gpu_mib_after_load"] = server_memory(server)
         if on_measured is not None:
             on_measured(entry)
@@ -365,9 +366,8 @@ def slo_table(arms: dict) -> str:
 
 def report(paths: list[str]) -> str:
     arms = merge_runs([json.loads(pathlib.Path(path).read_text()) for path in paths])
-    shares = gpu_share.share_table(arms)
-    return (ratio_table(arms) + "\n\n" + slo_table(arms) + "\n\n" + outputs_table(arms)
-            + ("\n\n" + shares if shares else ""))
+    extra = [t for t in (gpu_share.share_table(arms), gpu_share.latency_table(arms)) if t]
+    return "\n\n".join([ratio_table(arms), slo_table(arms), outputs_table(arms), *extra])
 
 
 def main(argv=None) -> int:
@@ -423,6 +423,7 @@ def main(argv=None) -> int:
     print(slo_table(results["arms"]))
     print(outputs_table(results["arms"]))
     print(gpu_share.share_table(results["arms"]))
+    print(gpu_share.latency_table(results["arms"]))
     return 0 if all("error" not in e for e in results["arms"].values()) else 1
 
 

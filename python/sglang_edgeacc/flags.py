@@ -29,6 +29,7 @@ class EdgeAccFlags:
     edge_acc_itl_slo_ms: float = 50.0
     edge_acc_decode_pacing: str = "on"
     edge_acc_ttft_slo_ms: float = 2000.0
+    edge_acc_prefill_batches_in_flight: int = 2
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> "EdgeAccFlags":
@@ -97,6 +98,17 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         default=EdgeAccFlags.edge_acc_ttft_slo_ms,
         metavar="MS",
         help="Adaptive split: time-to-first-token target the prefill side's share grows for.",
+    )
+    group.add_argument(
+        "--edge-acc-prefill-batches-in-flight",
+        type=int,
+        choices=(1, 2),
+        default=EdgeAccFlags.edge_acc_prefill_batches_in_flight,
+        help="Prefill batches the decode side may have handed over at once. At 2 the next batch is "
+        "scheduled and handed over while the prefill side runs the current one, which launches it "
+        "right behind (as upstream's overlap schedule does), so a prompt does not wait for the "
+        "hand-off of the batch before it. Multi-rank groups, green-context splits and priority "
+        "preemption use 1.",
     )
     group.add_argument(
         "--edge-acc-skip-preflight",

@@ -34,12 +34,18 @@ class _RecordingLink:
     """The prefill side's link, never busy: only its stop is recorded."""
 
     busy = False
+    full = False
+    replies_taken_alone = True
+    depth = 1
 
     def __init__(self, events):
         self._events = events
 
     def check_alive(self):
         pass
+
+    def wait_readable(self, timeout_ms):
+        return False
 
     def stop(self):
         self._events.append(("stop", 0))
@@ -61,6 +67,8 @@ class _RecordingDecodeSide(DecodeSideScheduler):
         self.decode_step_window = DecodeStepWindow(enabled=False)
         self.decode_pacer = DecodePacer(itl_slo_ms=50.0)
         self.require_mlp_sync = False
+        self.enable_priority_preemption = False
+        self.server_args = SimpleNamespace()  # EdgeAcc's default flags
         self.chunked_req = None
         self.waiting_queue = []
         self.running_batch = SimpleNamespace(batch_size=lambda: 1)
@@ -164,9 +172,9 @@ def test_a_prefill_in_flight_keeps_the_decode_side_busy(monkeypatch):
     # As the decode side's constructor builds it: unstarted, and asked before it starts.
     side.prefill_link = PrefillLink(server_args=None, decode_port_args=None, log_prefix=lambda: "[edgeacc decode tp0]")
     assert side.is_fully_idle() is True
-    side.prefill_link.inflight = object()
+    side.prefill_link._inflight.append(object())
     assert side.is_fully_idle() is False
-    side.prefill_link.inflight = None
+    side.prefill_link._inflight.clear()
     assert side.is_fully_idle(ignore_waiting=True) is True
 
 
@@ -280,3 +288,37 @@ def test_a_retracting_pause_right_after_a_reply_taken_during_the_wait():
     side.event_loop_edge_acc_decode()
     assert paused == [0], paused  # the pause came with the last step's result already processed
     assert [s for what, s in side.events if what == "process"] == [1, 2, 3, 4], side.events
+
+
+def test_a_second_batch_in_flight_only_where_the_schedule_allows_it():
+    from sglang_edgeacc.edge_acc_server.decode_side import prefill_batches_in_flight
+
+    alone = dict(replies_taken_alone=True, mlp_sync=False, sm_partition="mps", priority_preemption=False)
+    assert prefill_batches_in_flight(2, **alone) == (2, "")
+    assert prefill_batches_in_flight(2, **{**alone, "sm_partition": "none"}) == (2, "")
+    depth, why = prefill_batches_in_flight(1, **alone)
+    assert depth == 1 and "--edge-acc-prefill-batches-in-flight 1" in why
+    for change, named in ((dict(replies_taken_alone=False), "ranks of the group"),
+                          (dict(mlp_sync=True), "ranks of the group"),
+                          (dict(sm_partition="adaptive"), "--edge-acc-sm-partition adaptive"),
+                          (dict(sm_partition="green-context"), "different streams"),
+                          (dict(priority_preemption=True), "--enable-priority-scheduling")):
+        depth, why = prefill_batches_in_flight(2, **{**alone, **change})
+        assert depth == 1 and named in why, (change, why)
+
+
+def test_the_loop_hands_a_batch_over_while_one_is_in_flight_until_the_link_is_full():
+    side = _RecordingDecodeSide(overlap=True, steps=3)
+    dispatched = []
+    side._edge_dispatch_prefill = lambda: dispatched.append(side._next)
+    side.decode_pacer = DecodePacer(itl_slo_ms=0.0)
+    side.prefill_link.busy = True  # a batch is at the prefill side, a second one fits
+    side.event_loop_edge_acc_decode()
+    assert dispatched == [1, 2, 3, 4]  # every pass, the last one (nothing left to decode) too
+    side = _RecordingDecodeSide(overlap=True, steps=3)
+    dispatched = []
+    side._edge_dispatch_prefill = lambda: dispatched.append(side._next)
+    side.decode_pacer = DecodePacer(itl_slo_ms=0.0)
+    side.prefill_link.busy = side.prefill_link.full = True
+    side.event_loop_edge_acc_decode()
+    assert dispatched == []

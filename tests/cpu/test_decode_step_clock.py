@@ -28,6 +28,7 @@ SERIES = {
     "sglang_edgeacc_prefill_queue_length": ("gauge", {"tp_rank"}),
     "sglang_edgeacc_decode_running_requests": ("gauge", {"tp_rank"}),
     "sglang_edgeacc_prefill_forward_seconds": ("counter", {"tp_rank"}),
+    "sglang_edgeacc_prefill_path_seconds": ("counter", {"tp_rank", "part"}),
     "sglang_edgeacc_prefill_tokens": ("counter", {"tp_rank"}),
     "sglang_edgeacc_prefill_attention_pairs": ("counter", {"tp_rank"}),
     "sglang_edgeacc_decode_steps": ("counter", {"tp_rank", "beside_prefill"}),
@@ -145,6 +146,7 @@ def test_the_clock_alone():
 def test_the_series_names_kinds_and_labels_are_unchanged():
     stats, registry = _stats()
     stats.record_decode_step(DecodeStep(seconds=0.02, beside_prefill=True), requests=1, context_tokens=5)
+    stats.record_handoff(0.05, 40.0, 1, path={"forward": 0.04})
     seen = {}
     for family in registry.collect():
         labels = {name for sample in family.samples for name in sample.labels if name != "le"}
@@ -156,3 +158,51 @@ def _exposition(registry) -> str:
     from prometheus_client import generate_latest
 
     return generate_latest(registry).decode()
+
+
+def test_each_part_of_the_prefill_path_is_timed_once_and_read_back_per_batch():
+    from sglang_edgeacc.edge_acc_server.decode_side import prefill_path_parts
+    from sglang_edgeacc.edge_acc_server.messages import PrefillResult, PrefillTimes
+    from sglang_edgeacc.edge_acc_server.prefill_link import InflightPrefill
+
+    stats, registry = _stats()
+    # Two batches on one clock: scheduled, sent, taken, launched, done on the prefill side, taken back, merged.
+    for offset in (0.0, 10.0):
+        inflight = InflightPrefill(seq=1, batch=None, scheduled_at=offset + 1.000, sent_at=offset + 1.002)
+        reply = PrefillResult(seq=1, next_token_ids=[5], logits_output=None, forward_ms=60.0,
+                              times=PrefillTimes(taken_at=offset + 1.003, launched_at=offset + 1.007,
+                                                 done_at=offset + 1.057))
+        parts = prefill_path_parts(inflight, reply, taken_at=offset + 1.062, merged_at=offset + 1.064)
+        assert parts == pytest.approx({"schedule": 0.002, "to_prefill_side": 0.001, "unpack": 0.004,
+                                       "forward": 0.050, "to_decode_side": 0.005, "result": 0.002})
+        # The parts add up to the batch's whole way, from scheduling to the merge.
+        assert sum(parts.values()) == pytest.approx(0.064)
+        stats.record_handoff(0.060, 60.0, 1, path=parts)
+    means = gpu_share.mean_latencies(gpu_share.parse_counters(_exposition(registry)))
+    assert means == pytest.approx({"prefill_path.schedule": 2.0, "prefill_path.to_prefill_side": 1.0,
+                                   "prefill_path.unpack": 4.0, "prefill_path.forward": 50.0,
+                                   "prefill_path.to_decode_side": 5.0, "prefill_path.result": 2.0})
+    # A reply without times (an older prefill side, an error) still counts what the decode side saw.
+    bare = PrefillResult(seq=1, next_token_ids=[], logits_output=None, forward_ms=0.0)
+    assert set(prefill_path_parts(inflight, bare, 2.0, 2.5)) == {"schedule", "result"}
+
+
+def test_upstreams_first_token_stages_are_read_from_its_histograms():
+    text = """# TYPE sglang:time_to_first_token_seconds histogram
+sglang:time_to_first_token_seconds_sum{model_name="m"} 1.5
+sglang:time_to_first_token_seconds_count{model_name="m"} 10.0
+# TYPE sglang:per_stage_req_latency_seconds histogram
+sglang:per_stage_req_latency_seconds_sum{stage="prefill_forward",tp_rank="0"} 0.2
+sglang:per_stage_req_latency_seconds_count{stage="prefill_forward",tp_rank="0"} 10.0
+sglang:per_stage_req_latency_seconds_sum{stage="prefill_forward",tp_rank="1"} 0.2
+sglang:per_stage_req_latency_seconds_count{stage="prefill_forward",tp_rank="1"} 10.0
+# TYPE sglang:queue_time_seconds histogram
+sglang:queue_time_seconds_sum{tp_rank="0"} 0.05
+sglang:queue_time_seconds_count{tp_rank="0"} 10.0
+sglang:per_stage_req_latency_seconds_sum{stage="decode_loop",tp_rank="0"} 9.0
+sglang:per_stage_req_latency_seconds_count{stage="decode_loop",tp_rank="0"} 1.0
+"""
+    after = gpu_share.parse_counters(text)
+    assert "stage.decode_loop_sum" not in after
+    means = gpu_share.mean_latencies({k: v for k, v in after.items()})
+    assert means == pytest.approx({"ttft": 150.0, "stage.prefill_forward": 20.0, "queue": 5.0})

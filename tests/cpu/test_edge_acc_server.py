@@ -410,20 +410,45 @@ def _check_pause_with_a_prefill_in_flight(server, old: str, new: str) -> None:
     assert flush.status_code == 200 and "Cache flushed" in flush.text, flush.text
 
 
+def _prefill_path_seconds(server, part: str) -> float:
+    from benchmarks import gpu_share
+
+    return gpu_share.scrape(server.url).get(f"prefill_path.{part}", 0.0)
+
+
+def _check_the_next_batch_is_handed_over_while_one_is_in_flight(server) -> None:
+    """A prompt that arrives while a batch is at the prefill side is scheduled and handed over at once
+    (``--edge-acc-prefill-batches-in-flight``, 2 by default), as upstream's overlap schedule launches its
+    next prefill before the current one's result is back: it waits at the prefill side, not in the
+    decode side's queue until the reply. Its answer is the one it gets alone."""
+    alone = _greedy_ids(server, PAUSE_PROMPT[:5], 6)
+    waited = _prefill_path_seconds(server, "to_prefill_side")
+    with cf.ThreadPoolExecutor(2) as pool:
+        slow = pool.submit(_greedy_ids, server, PAUSE_PROMPT, 6, f"{SLOW}-pipelined")
+        time.sleep(0.3 * edgeacc_faults.SLOW_PREFILL_S)
+        behind = pool.submit(_greedy_ids, server, PAUSE_PROMPT[:5], 6)
+        assert behind.result() == alone
+        slow.result()
+    # The second batch was at the prefill side's door for the rest of the slow one's time.
+    assert _prefill_path_seconds(server, "to_prefill_side") - waited > 0.4 * edgeacc_faults.SLOW_PREFILL_S
+
+
 def test_weight_updates_reach_the_prefill_side_also_while_paused(tmp_path):
     """Upstream updates weights in place on the decode side; the prefill side maps that memory.
 
     The first token of every request is sampled by the prefill side, so outputs after
     the update equal upstream's only if the prefill side computes with the new weights.
     The EdgeAcc server then pauses and updates with a batch at its prefill side
-    (``_check_pause_with_a_prefill_in_flight``).
+    (``_check_pause_with_a_prefill_in_flight``), and hands a batch over while another is in flight
+    (``_check_the_next_batch_is_handed_over_while_one_is_in_flight``).
     """
     first = random_checkpoint(tmp_path / "first", seed=1)
     second = random_checkpoint(tmp_path / "second", seed=2)
     seen = {}
     slow = edgeacc_faults.server_env(**{edgeacc_faults.SLOW_PREFILL_RID_ENV: SLOW})
     # Both start at once (each start leaves a core idle for a while), then serve one after the other.
-    servers = {name: CpuServer(args=("--model-path", first, "--load-format", "auto", *extra)).launch(env=env)
+    servers = {name: CpuServer(args=("--model-path", first, "--load-format", "auto", "--enable-metrics",
+                                     *extra)).launch(env=env)
                for name, extra, env in (("upstream", (), None), ("edge", ("--enable-edge-acc",), slow))}
     try:
         for name, server in servers.items():
@@ -438,6 +463,7 @@ def test_weight_updates_reach_the_prefill_side_also_while_paused(tmp_path):
                 before, success, after = seen["edge"]
                 assert success and before != after
                 _check_pause_with_a_prefill_in_flight(server, old=second, new=first)
+                _check_the_next_batch_is_handed_over_while_one_is_in_flight(server)
             server.stop()
     finally:
         for server in servers.values():

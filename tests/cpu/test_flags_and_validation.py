@@ -153,6 +153,7 @@ def test_valid_flags_are_attached_and_survive_pickling(parsed):
         "edge_acc_itl_slo_ms": 50.0,
         "edge_acc_decode_pacing": VALID_PACING,
         "edge_acc_ttft_slo_ms": 2000.0,
+        "edge_acc_prefill_batches_in_flight": 2,
     }
     assert accepted["flags"] == expected
     assert accepted["flags_after_pickle"] == expected

@@ -4,15 +4,19 @@ Scheduling is upstream's own (``get_new_batch_prefill`` admits, matches
 prefixes, chunks and allocates; ``update_running_batch`` decodes and retracts).
 What changes is the loop: a prefill batch is sent to the prefill side instead
 of being run here, and decode steps go on while it runs (pipelined as in
-upstream's overlap loop when the overlap schedule is on). One prefill batch is
-in flight at a time; its result is processed exactly as upstream processes a
-prefill it ran itself, then merged into the running batch. Everything about the
-prefill side itself (its process, the channel, the fence, the batch in flight)
-is the :class:`~sglang_edgeacc.edge_acc_server.prefill_link.PrefillLink`'s.
+upstream's overlap loop when the overlap schedule is on). Up to two prefill
+batches are in flight: the next one is scheduled and sent while the prefill
+side runs the current one, as upstream's overlap schedule launches its next
+prefill before the current one's result is processed. Each result is processed
+exactly as upstream processes a prefill it ran itself, then merged into the
+running batch. Everything about the prefill side itself (its process, the
+channel, the fence, the batches in flight) is the
+:class:`~sglang_edgeacc.edge_acc_server.prefill_link.PrefillLink`'s.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -48,6 +52,30 @@ def queued_prompt_tokens(waiting_queue, chunked_req) -> int:
     return queued
 
 
+def prefill_batches_in_flight(requested: int, *, replies_taken_alone: bool, mlp_sync: bool, sm_partition: str,
+                              priority_preemption: bool) -> tuple[int, str]:
+    """How many prefill batches the decode side may have in flight, and why not more when fewer than asked.
+
+    A second batch is scheduled while the first one's requests are in no queue and no
+    running batch; the scheduling sees them as upstream's overlap schedule sees its
+    prefill in flight (:meth:`DecodeSideScheduler._edge_admission_counts_inflight`). Where
+    that view is not enough, one batch at a time: the ranks of a group take replies in
+    lockstep (a second batch would need their agreement on every dispatch too), a
+    green-context split may run two batches on two streams (the second could read the
+    KV the first still writes), and priority preemption may evict a running request by
+    index from the batch the view extends.
+    """
+    if requested <= 1:
+        return 1, "--edge-acc-prefill-batches-in-flight 1"
+    if not replies_taken_alone or mlp_sync:
+        return 1, "the ranks of the group take prefill replies together"
+    if sm_partition not in ("mps", "none"):
+        return 1, f"--edge-acc-sm-partition {sm_partition} may run consecutive batches on different streams"
+    if priority_preemption:
+        return 1, "--enable-priority-scheduling preempts running requests while scheduling"
+    return requested, ""
+
+
 def fail_unsendable_requests(reqs, parts: tuple[UnsendablePart, ...], log_prefix: str) -> list:
     """Mark the requests that hold ``parts`` to finish with a 400 naming the part; returns them.
 
@@ -72,6 +100,17 @@ def fail_unsendable_requests(reqs, parts: tuple[UnsendablePart, ...], log_prefix
             "--enable-edge-acc.", HTTPStatus.BAD_REQUEST, "BadRequestError")
         failed.append(req)
     return failed
+
+
+def prefill_path_parts(inflight: InflightPrefill, reply: PrefillResult, taken_at: float,
+                       merged_at: float) -> dict[str, float]:
+    """Seconds a prefill batch spent in each part of its way, from scheduling to the merge of its result."""
+    parts = {"schedule": inflight.sent_at - inflight.scheduled_at, "result": merged_at - taken_at}
+    times = reply.times
+    if times is not None:
+        parts.update(to_prefill_side=times.taken_at - inflight.sent_at, unpack=times.launched_at - times.taken_at,
+                     forward=times.done_at - times.launched_at, to_decode_side=taken_at - times.done_at)
+    return parts
 
 
 def _metrics_enabled() -> bool:
@@ -209,6 +248,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         # As event_loop_overlap: update_running_batch leaves out the requests
         # that the one pending result finishes by length.
         self.enable_skip_finishing_decode = overlap
+        self._edge_choose_depth()
         logger.info("%s decode loop, overlap schedule %s", self._edge_log_prefix(), "on" if overlap else "off")
         try:
             while not self.gracefully_exit:
@@ -219,7 +259,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
                 self.prefill_link.check_alive()
                 self.edge_acc_stats.record_queues(len(self.waiting_queue), self.running_batch.batch_size())
                 self._edge_collect_prefill()
-                if not self.prefill_link.busy:
+                if not self.prefill_link.full:
                     self._edge_dispatch_prefill()
                 if not self._edge_pace():
                     continue  # a prefill reply came during the wait: hand over the next batch first
@@ -253,6 +293,17 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
                 self.last_batch = batch
         finally:
             self.prefill_link.stop()
+
+    def _edge_choose_depth(self) -> None:
+        """Once the scheduler is complete (priority preemption is decided late in its construction)."""
+        asked = get_flags(self.server_args).edge_acc_prefill_batches_in_flight
+        depth, why_not_more = prefill_batches_in_flight(
+            asked, replies_taken_alone=self.prefill_link.replies_taken_alone, mlp_sync=self.require_mlp_sync,
+            sm_partition=get_flags(self.server_args).edge_acc_sm_partition,
+            priority_preemption=bool(self.enable_priority_preemption))
+        self.prefill_link.depth = depth
+        logger.info("%s prefill batches in flight: up to %d%s", self._edge_log_prefix(), depth,
+                    f" ({why_not_more})" if depth < asked else "")
 
     def _edge_pace(self) -> bool:
         """Wait before the next decode step while the prefill side has a batch (``decode_pacing``).
@@ -293,8 +344,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         # batch at the prefill side is in neither, and an abort must still reach its requests
         # (they then finish when its result is processed, as upstream's do).
         batches = super()._collect_inflight_batches()
-        if self.prefill_link.inflight is not None:
-            batches.append(self.prefill_link.inflight.batch)
+        batches.extend(self.prefill_link.inflight_batches)
         return batches
 
     def is_fully_idle(self, for_health_check=False, ignore_waiting=False) -> bool:
@@ -306,10 +356,17 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         return super().is_fully_idle(for_health_check=for_health_check, ignore_waiting=ignore_waiting)
 
     def _edge_dispatch_prefill(self) -> None:
-        # Called only between prefill batches: a chunk in flight still writes the KV slots
-        # that an abort of the request being chunked frees.
-        self.process_pending_chunked_abort()
-        plan = self.get_new_batch_prefill(self.running_batch)
+        if self.prefill_link.busy:
+            if self._pending_chunked_abort_req is not None:
+                # The abort frees the chunked request's slots, which a chunk in flight still
+                # writes: it waits until nothing is in flight, and so does the next batch.
+                return
+            self._edge_checkpoint_chunk_in_flight()
+        else:
+            self.process_pending_chunked_abort()
+        scheduled_at = time.monotonic()
+        with self._edge_admission_counts_inflight():
+            plan = self.get_new_batch_prefill(self.running_batch)
         self.running_batch = plan.running_batch
         batch = plan.batch_to_run
         if batch is None:
@@ -328,8 +385,46 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
                 decode_context_tokens=sum(len(req.origin_input_ids) + len(req.output_ids) for req in running),
             )
         packed = self._edge_pack(batch)
-        self.prefill_link.send(batch, packed, written, load)
+        self.prefill_link.send(batch, packed, written, load, scheduled_at)
         self.edge_acc_stats.record_message(len(packed))
+
+    def _edge_checkpoint_chunk_in_flight(self) -> None:
+        """Before the next chunk of a request is scheduled while its previous chunk is in flight.
+
+        Upstream checkpoints a chunk into the prefix cache at the start of the next
+        scheduling step, also under its overlap schedule while that chunk still runs
+        (``get_next_batch_to_run``); the next chunk starts where the checkpoint ends. The
+        merge of a batch checkpoints the request being chunked too (``merge_prefilled``);
+        a chunk checkpointed once is not again (the checkpoint moves ``prefix_len`` to its end).
+        """
+        chunked = self.chunked_req
+        if chunked is not None and chunked.extend_end > chunked.prefix_len:
+            self.stash_chunked_request(chunked)
+
+    @contextlib.contextmanager
+    def _edge_admission_counts_inflight(self):
+        """Admission while batches are in flight sees their requests as running, as upstream's overlap does.
+
+        Upstream merges its prefill in flight into the running batch before it schedules
+        the next one, so the next admission reserves decode room for its requests and counts
+        them against ``--max-running-requests``. Here they join the running batch only when
+        their result is merged; for the admission they are added to its request list (all
+        that admission reads of it) and taken out again. A request being chunked is not
+        running yet, as upstream keeps it out of the merge.
+        """
+        batches = self.prefill_link.inflight_batches
+        running = self.running_batch
+        extra = [req for batch in batches for req in batch.reqs
+                 if req is not batch.chunked_req and req is not self.chunked_req and not req.finished()]
+        if not extra:
+            yield
+            return
+        own = running.reqs
+        running.reqs = own + extra
+        try:
+            yield
+        finally:
+            running.reqs = own
 
     def _edge_pack(self, batch) -> bytes:
         """The batch as the prefill side receives it; a request holding what cannot cross fails alone.
@@ -346,13 +441,13 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
             return pack_prefill_batch(batch, tokenizer=self.tokenizer, leave_out=exc.object_ids)
 
     def _edge_collect_prefill(self) -> None:
-        finished = self.prefill_link.poll()
-        if finished is not None:
+        while (finished := self.prefill_link.poll()) is not None:
             self._edge_finish_prefill(*finished)
 
     def _edge_finish_prefill(self, inflight: InflightPrefill, reply: PrefillResult) -> None:
         from sglang.srt.managers.utils import GenerationBatchResult
 
+        taken_at = time.monotonic()
         batch = inflight.batch
         # Counted before result processing and the merge change the batch.
         tokens = pairs = 0
@@ -368,8 +463,9 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         upstream_mirror.after_forward(self, batch, result)
         self.process_batch_result(batch, result)
         upstream_mirror.merge_prefilled(self, batch)
-        self.edge_acc_stats.record_handoff(time.monotonic() - inflight.sent_at, reply.forward_ms, batch.batch_size(),
-                                           tokens=tokens, attention_pairs=pairs)
+        self.edge_acc_stats.record_handoff(taken_at - inflight.sent_at, reply.forward_ms, batch.batch_size(),
+                                           tokens=tokens, attention_pairs=pairs,
+                                           path=prefill_path_parts(inflight, reply, taken_at, time.monotonic()))
 
     def _edge_next_decode_batch(self):
         return upstream_mirror.next_decode_batch(self)

@@ -52,6 +52,19 @@ class PrefillWork:
 
 
 @dataclass(frozen=True)
+class PrefillTimes:
+    """When the prefill side took a batch, launched its forward and had its first tokens on the host.
+
+    ``time.monotonic()`` seconds: one clock for every process of the host, so the decode
+    side can set them beside its own.
+    """
+
+    taken_at: float
+    launched_at: float
+    done_at: float
+
+
+@dataclass(frozen=True)
 class PrefillResult:
     """Prefill -> decode: the sampled first tokens (host-synchronised: the KV is written)."""
 
@@ -60,6 +73,7 @@ class PrefillResult:
     logits_output: Any  # LogitsProcessorOutput with host tensors, logprob fields only
     forward_ms: float
     error: Optional[str] = None
+    times: Optional[PrefillTimes] = None
 
 
 @dataclass(frozen=True)

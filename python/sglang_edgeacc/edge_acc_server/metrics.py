@@ -22,6 +22,7 @@ class EdgeAccStats:
     last_message_bytes: int = 0
     _prometheus: object = field(default=None, repr=False)
     _decode_series: dict = field(default_factory=dict, repr=False)
+    _labels: dict = field(default_factory=dict, repr=False)
 
     def enable_prometheus(self, labels: dict[str, str], prefill_sm_percent: int, decode_sm_percent: int,
                           registry=None) -> None:
@@ -33,6 +34,7 @@ class EdgeAccStats:
             prometheus_client.Counter, prometheus_client.Gauge, prometheus_client.Histogram))
 
         names = list(labels)
+        self._labels = dict(labels)
         self._prometheus = {
             "handoff": Histogram(
                 "sglang_edgeacc_prefill_handoff_seconds",
@@ -65,6 +67,13 @@ class EdgeAccStats:
                 "sglang_edgeacc_prefill_forward_seconds",
                 "Wall time of the prefill side's batches, from taking one to its reply.", names,
             ).labels(**labels),
+            "prefill_path": Counter(
+                "sglang_edgeacc_prefill_path_seconds",
+                "Time prefill batches spent in each part of their way: schedule (admission and packing on the "
+                "decode side), to_prefill_side, unpack, forward (with the fence and the host sync), "
+                "to_decode_side (the reply until the decode loop takes it), result (result processing and "
+                "the merge).", names + ["part"],
+            ),
             "prefill_tokens": Counter(
                 "sglang_edgeacc_prefill_tokens", "Prompt tokens the prefill side computed.", names,
             ).labels(**labels),
@@ -108,7 +117,7 @@ class EdgeAccStats:
         return self._prometheus is not None
 
     def record_handoff(self, seconds: float, forward_ms: float, batch_size: int,
-                       tokens: int = 0, attention_pairs: int = 0) -> None:
+                       tokens: int = 0, attention_pairs: int = 0, path: dict[str, float] | None = None) -> None:
         self.handoffs += 1
         self.last_handoff_s = seconds
         self.last_prefill_forward_ms = forward_ms
@@ -119,6 +128,8 @@ class EdgeAccStats:
             self._prometheus["prefill_seconds"].inc(forward_ms / 1e3)
             self._prometheus["prefill_tokens"].inc(tokens)
             self._prometheus["prefill_pairs"].inc(attention_pairs)
+            for part, part_s in (path or {}).items():
+                self._prometheus["prefill_path"].labels(**self._labels, part=part).inc(max(0.0, part_s))
 
     def record_decode_step(self, step, requests: int, context_tokens: int) -> None:
         """One timed decode step (a :class:`~sglang_edgeacc.edge_acc_server.decode_step_times.DecodeStep`,

@@ -6,8 +6,8 @@ prefill in flight" have an answer from the start), spawned once the decode
 side's pools exist and before it captures its CUDA graphs (``spawn``), and
 waited for at the end of its start (``wait_ready``). The scheduler decides what to send and what to do
 with a reply; this component only moves batches across and keeps the rules of
-the link: one batch in flight, replies answer the batch sent, and the ranks of
-an attention-TP group take a reply in the same step.
+the link: at most ``depth`` batches in flight, replies answer the batches in the
+order sent, and the ranks of an attention-TP group take a reply in the same step.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import logging
 import multiprocessing as mp
 import os
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -42,6 +43,7 @@ class InflightPrefill:
     seq: int
     batch: object  # ScheduleBatch
     sent_at: float
+    scheduled_at: float  # when the decode side began scheduling it (time.monotonic)
 
 
 @dataclass(frozen=True)
@@ -88,12 +90,25 @@ class PrefillLink:
         self._ready_pipe = None  # the spawned prefill side's start-up report, until wait_ready reads it
         self._handover: Optional[PendingSend] = None  # the shared state on its way, until wait_ready joins it
         self._device = None
-        self.inflight: Optional[InflightPrefill] = None
+        self._inflight: deque[InflightPrefill] = deque()
+        # Batches the decode side may have sent and not merged yet; the decode side sets it once
+        # it knows whether its schedule allows a second one (``decode_side.prefill_batches_in_flight``).
+        self.depth = 1
 
     @property
     def busy(self) -> bool:
         """A batch was sent and its result is not merged yet (its requests hold slots)."""
-        return self.inflight is not None
+        return bool(self._inflight)
+
+    @property
+    def full(self) -> bool:
+        """As many batches in flight as the link takes: the next one waits for a reply."""
+        return len(self._inflight) >= self.depth
+
+    @property
+    def inflight_batches(self) -> list:
+        """The batches sent and not merged yet, oldest first."""
+        return [entry.batch for entry in self._inflight]
 
     # ----------------------------------------------------------------- start
     def spawn(self, model_runner, tp_group, tp_cpu_group, agree_group) -> None:
@@ -204,27 +219,28 @@ class PrefillLink:
         forward_stream.wait_stream(current)
         return self._fence.signal(forward_stream)
 
-    def send(self, batch, packed: bytes, written, load: dict) -> None:
+    def send(self, batch, packed: bytes, written, load: dict, scheduled_at: float) -> None:
         """Hand one prefill batch over; ``load`` is what the adaptive split reads, if anything."""
-        assert self.inflight is None, "one prefill batch in flight at a time"
+        assert not self.full, f"at most {self.depth} prefill batches in flight"
         self._seq += 1
         self._channel.send(PrefillWork(seq=self._seq, batch=packed, written=written, **load))
-        self.inflight = InflightPrefill(seq=self._seq, batch=batch, sent_at=time.monotonic())
+        self._inflight.append(InflightPrefill(seq=self._seq, batch=batch, sent_at=time.monotonic(),
+                                              scheduled_at=scheduled_at))
 
     def poll(self) -> Optional[tuple[InflightPrefill, PrefillResult]]:
-        """The batch in flight and its result, once every rank of the group has its result; else None.
+        """The oldest batch in flight and its result, once every rank of the group has it; else None.
 
         The ranks of an attention-TP group run one decode forward together, so
         they must merge a finished prefill in the same step; replies reach them
         at different times, so they agree on the slowest.
         """
-        if self.inflight is None:
+        if not self._inflight:
             return None
         if not all_ranks_agree(self._channel.wait_readable(0), self._agree_group):
             return None
         reply = self._channel.recv(timeout_s=None, peer_alive=self._proc.is_alive, what="a prefill result")
         assert isinstance(reply, PrefillResult), type(reply)
-        inflight, self.inflight = self.inflight, None
+        inflight = self._inflight.popleft()
         if reply.error is not None:
             raise RuntimeError(f"{self._log_prefix()} the prefill side failed:\n{reply.error}")
         if reply.seq != inflight.seq:

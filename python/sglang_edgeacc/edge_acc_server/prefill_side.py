@@ -17,6 +17,8 @@ import logging
 import os
 import time
 import traceback
+from collections import deque
+from typing import Optional
 
 import torch
 
@@ -34,6 +36,7 @@ from sglang_edgeacc.edge_acc_server.group_consensus import all_ranks_agree
 from sglang_edgeacc.edge_acc_server.messages import (
     PrefillReady,
     PrefillResult,
+    PrefillTimes,
     PrefillWork,
     SharedState,
     Shutdown,
@@ -95,6 +98,7 @@ class PrefillSideScheduler(EdgeAccSchedulerBase):
         self._edge_green_stream = None
         self._edge_split: AdaptiveSplit | None = None
         self._edge_graph_bytes = 0
+        self._edge_last_finish = 0.0  # perf_counter when the last reply was built
         self._edge_prefill_connect()
         super().__init__(server_args, port_args, *args, **kwargs)
 
@@ -198,12 +202,38 @@ class PrefillSideScheduler(EdgeAccSchedulerBase):
             shared.release()
 
     def _edge_prefill_loop_on_demand(self, local: LocalObjects, peer_alive) -> None:
-        """Without DP attention each prefill side runs whenever its decode side sends work."""
+        """Without DP attention each prefill side runs whenever its decode side sends work.
+
+        A batch that arrives while the previous one still runs on the device is launched
+        right behind it, before the previous one's tokens are read (as upstream's overlap
+        schedule launches its next batch): the device goes from one forward to the next
+        without waiting for this loop. Replies leave in the order the batches came.
+        """
+        launched: deque[_Launched] = deque()
         while True:
-            message = self._edge_channel.recv(timeout_s=None, peer_alive=peer_alive, what="a prefill batch")
-            if isinstance(message, Shutdown):
-                return
-            self._edge_serve(message, local)
+            if not launched:
+                message = self._edge_channel.recv(timeout_s=None, peer_alive=peer_alive, what="a prefill batch")
+                if isinstance(message, Shutdown):
+                    return
+                launched.append(self._edge_guarded(message, self._edge_launch_prefill, message, local,
+                                                   taken_at=time.monotonic()))
+                continue
+            head = launched[0]
+            if head.done():
+                launched.popleft()
+                self._edge_channel.send(self._edge_guarded(head.work, self._edge_finish_prefill, head))
+                continue
+            if len(launched) < MAX_LAUNCHED and all(entry.overlappable for entry in launched):
+                if self._edge_channel.wait_readable(0):
+                    message = self._edge_channel.recv(timeout_s=None, peer_alive=peer_alive, what="a prefill batch")
+                    if isinstance(message, Shutdown):
+                        return
+                    launched.append(self._edge_guarded(message, self._edge_launch_prefill, message, local,
+                                                       taken_at=time.monotonic()))
+                    continue
+                self._edge_channel.wait_readable(LAUNCHED_POLL_MS)
+            else:
+                head.wait()
 
     def _edge_prefill_loop_in_step(self, local: LocalObjects, peer_alive) -> None:
         """With DP attention every prefill side of the group steps together.
@@ -217,11 +247,12 @@ class PrefillSideScheduler(EdgeAccSchedulerBase):
         while True:
             ready = all_ranks_agree(self._edge_channel.wait_readable(0), self.attn_tp_cpu_group)
             work = None
+            taken_at = 0.0
             if ready:
                 message = self._edge_channel.recv(timeout_s=None, peer_alive=peer_alive, what="a prefill batch")
                 if isinstance(message, Shutdown):
                     return
-                work = message
+                work, taken_at = message, time.monotonic()
             elif not peer_alive():
                 raise RuntimeError(f"{self._edge_log_prefix()} the decode side exited")
             batch = None if work is None else self._edge_unpack_work(work, local)
@@ -234,7 +265,7 @@ class PrefillSideScheduler(EdgeAccSchedulerBase):
                 # to return, and an IDLE batch never reaches the decode side.
                 self.tp_worker.forward_batch_generation(batch)
                 continue
-            self._edge_serve(work, local, batch=batch)
+            self._edge_serve(work, local, batch=batch, taken_at=taken_at)
 
     def _edge_join_group_step(self, batch):
         """This side's share of the group's MLP sync: every side enters it each step, an idle one
@@ -246,9 +277,14 @@ class PrefillSideScheduler(EdgeAccSchedulerBase):
         assert isinstance(work, PrefillWork), type(work)
         return unpack_prefill_batch(work.batch, local)
 
-    def _edge_serve(self, work: PrefillWork, local: LocalObjects, batch=None) -> None:
+    def _edge_serve(self, work: PrefillWork, local: LocalObjects, batch=None, taken_at: float = 0.0) -> None:
+        launched = self._edge_guarded(work, self._edge_launch_prefill, work, local, batch, taken_at, overlap=False)
+        self._edge_channel.send(self._edge_guarded(work, self._edge_finish_prefill, launched))
+
+    def _edge_guarded(self, work: PrefillWork, step, *args, **kwargs):
+        """``step(*args)``; if it raises, the decode side gets the error as the batch's reply first."""
         try:
-            self._edge_channel.send(self._edge_run_prefill(work, local, batch))
+            return step(*args, **kwargs)
         except Exception:
             self._edge_channel.send(
                 PrefillResult(seq=work.seq, next_token_ids=[], logits_output=None,
@@ -256,10 +292,19 @@ class PrefillSideScheduler(EdgeAccSchedulerBase):
             )
             raise
 
-    def _edge_run_prefill(self, work: PrefillWork, local: LocalObjects, batch=None) -> PrefillResult:
+    def _edge_launch_prefill(self, work: PrefillWork, local: LocalObjects, batch=None, taken_at: float = 0.0,
+                             overlap: bool = True) -> "_Launched":
+        """Unpack the batch, wait for the decode side's fence and launch the forward.
+
+        With ``overlap``, a batch whose reply needs only its sampled tokens starts their
+        copy to the host behind the forward and returns at once; any other batch is read
+        back before this returns (its logprobs and hidden states are copied field by field).
+        """
         start = time.perf_counter()
+        taken_at = taken_at or time.monotonic()
         if batch is None:
             batch = self._edge_unpack_work(work, local)
+        launched_at = time.monotonic()
         stream = self._edge_green_stream.stream if self._edge_green_stream is not None else None
         if self._edge_split is not None:
             stream = self._edge_split.stream_for(work)
@@ -270,14 +315,37 @@ class PrefillSideScheduler(EdgeAccSchedulerBase):
             if work.written is not None:
                 self._edge_read_fence.wait(work.written, stream)
             result = self.tp_worker.forward_batch_generation(batch)
-            if result.delay_sample_func is not None:
+            delayed_sampling = result.delay_sample_func is not None
+            if delayed_sampling:
                 # With overlap on, the worker defers sampling for grammar batches
                 # to the scheduler; here it is due at once.
                 result.delay_sample_func()
-            reply = self._edge_prefill_reply(work, batch, result)
+            tokens_only = not (batch.return_logprob or batch.return_hidden_states or delayed_sampling)
+            launched = _Launched(work=work, batch=batch, result=result, start=start, taken_at=taken_at,
+                                 launched_at=launched_at)
+            if overlap and tokens_only and stream is None and result.next_token_ids.is_cuda:
+                # The reply's logits output holds no tensor of a tokens-only batch: built now, it
+                # reads nothing the next forward overwrites.
+                launched.logits_output = host_logits_output(result.logits_output, False, False)
+                launched.copy_tokens_to_host()
+            else:
+                launched.reply = self._edge_prefill_reply(work, batch, result)
+        return launched
+
+    def _edge_finish_prefill(self, launched: "_Launched") -> PrefillResult:
+        reply = launched.reply
+        if reply is None:
+            reply = PrefillResult(seq=launched.work.seq, next_token_ids=launched.host_tokens(),
+                                  logits_output=launched.logits_output, forward_ms=0.0)
+        # A batch launched behind another starts its own time when the one before it is done, so
+        # that forward_ms adds up to the time this side was busy.
+        now = time.perf_counter()
+        elapsed_ms = (now - max(launched.start, self._edge_last_finish)) * 1e3
+        self._edge_last_finish = now
         if self._edge_split is not None:
-            self._edge_split.observe(work, (time.perf_counter() - start) * 1e3, batch.extend_num_tokens or 0)
-        return dataclasses.replace(reply, forward_ms=(time.perf_counter() - start) * 1e3)
+            self._edge_split.observe(launched.work, elapsed_ms, launched.batch.extend_num_tokens or 0)
+        return dataclasses.replace(reply, forward_ms=elapsed_ms,
+                                   times=PrefillTimes(launched.taken_at, launched.launched_at, time.monotonic()))
 
     def _edge_prefill_reply(self, work: PrefillWork, batch, result) -> PrefillResult:
         """The first tokens and logprobs on the host, read on the stream the forward ran on.
@@ -298,6 +366,53 @@ class PrefillSideScheduler(EdgeAccSchedulerBase):
             logits_output=host_logits_output(logits_output, batch.return_logprob, batch.return_hidden_states),
             forward_ms=0.0,
         )
+
+
+# A second batch is launched behind the one on the device, not more: a third would only queue
+# on the device, and scheduling it later lets it take the prompts that arrive meanwhile.
+MAX_LAUNCHED = 2
+# While a launched batch runs and another may come, the channel is watched this long per look.
+LAUNCHED_POLL_MS = 1
+
+
+@dataclasses.dataclass
+class _Launched:
+    """A prefill batch whose forward is launched: its reply is built, or its tokens are on their way to the host."""
+
+    work: PrefillWork
+    batch: object
+    result: object
+    start: float  # perf_counter when the batch was taken, for forward_ms
+    taken_at: float
+    launched_at: float
+    reply: Optional[PrefillResult] = None  # built at launch when the batch needs more than its tokens
+    logits_output: object = None  # the reply's, for a batch whose tokens are still on their way
+    _tokens: Optional[torch.Tensor] = None  # pinned host copy of the sampled tokens
+    _copied: Optional[torch.cuda.Event] = None
+
+    @property
+    def overlappable(self) -> bool:
+        """Whether a batch may be launched behind this one before its tokens are read."""
+        return self._copied is not None
+
+    def copy_tokens_to_host(self) -> None:
+        ids = self.result.next_token_ids
+        self._tokens = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+        self._tokens.copy_(ids, non_blocking=True)
+        self._copied = torch.cuda.Event()
+        self._copied.record()
+
+    def done(self) -> bool:
+        return self._copied is None or self._copied.query()
+
+    def wait(self) -> None:
+        if self._copied is not None:
+            self._copied.synchronize()
+
+    def host_tokens(self) -> list[int]:
+        """The sampled tokens, once the forward and the copy behind it are done (the KV is written by then)."""
+        self.wait()
+        return self._tokens.tolist()
 
 
 def release_cached_blocks() -> int:
