@@ -204,36 +204,30 @@ class PrefillSideScheduler(EdgeAccSchedulerBase):
     def _edge_prefill_loop_on_demand(self, local: LocalObjects, peer_alive) -> None:
         """Without DP attention each prefill side runs whenever its decode side sends work.
 
-        A batch that arrives while the previous one still runs on the device is launched
-        right behind it, before the previous one's tokens are read (as upstream's overlap
-        schedule launches its next batch): the device goes from one forward to the next
-        without waiting for this loop. Replies leave in the order the batches came.
+        A batch that arrives while the previous one still runs on the device is taken and
+        launched behind it before the previous one's tokens are read, as upstream's overlap
+        schedule launches its next batch. Unpacking it still waits for the device (torch
+        rebuilds the message's device tensors with synchronous copies), so what overlaps
+        today is its launch with the previous batch's reply. Replies leave in the order the
+        batches came.
         """
         launched: deque[_Launched] = deque()
         while True:
-            if not launched:
+            if launched and launched[0].done():
+                head = launched.popleft()
+                self._edge_channel.send(self._edge_guarded(head.work, self._edge_finish_prefill, head))
+                continue
+            room = not launched or (len(launched) < MAX_LAUNCHED and all(e.overlappable for e in launched))
+            if room and (not launched or self._edge_channel.wait_readable(0)):
                 message = self._edge_channel.recv(timeout_s=None, peer_alive=peer_alive, what="a prefill batch")
                 if isinstance(message, Shutdown):
                     return
                 launched.append(self._edge_guarded(message, self._edge_launch_prefill, message, local,
                                                    taken_at=time.monotonic()))
-                continue
-            head = launched[0]
-            if head.done():
-                launched.popleft()
-                self._edge_channel.send(self._edge_guarded(head.work, self._edge_finish_prefill, head))
-                continue
-            if len(launched) < MAX_LAUNCHED and all(entry.overlappable for entry in launched):
-                if self._edge_channel.wait_readable(0):
-                    message = self._edge_channel.recv(timeout_s=None, peer_alive=peer_alive, what="a prefill batch")
-                    if isinstance(message, Shutdown):
-                        return
-                    launched.append(self._edge_guarded(message, self._edge_launch_prefill, message, local,
-                                                       taken_at=time.monotonic()))
-                    continue
+            elif room:
                 self._edge_channel.wait_readable(LAUNCHED_POLL_MS)
             else:
-                head.wait()
+                launched[0].wait()
 
     def _edge_prefill_loop_in_step(self, local: LocalObjects, peer_alive) -> None:
         """With DP attention every prefill side of the group steps together.
