@@ -105,10 +105,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         choices=(1, 2),
         default=EdgeAccFlags.edge_acc_prefill_batches_in_flight,
         help="Prefill batches the decode side may have handed over at once. At 2 the next batch is "
-        "scheduled and handed over while the prefill side runs the current one, which launches it "
-        "right behind (as upstream's overlap schedule does), so a prompt does not wait for the "
-        "hand-off of the batch before it. Multi-rank groups, green-context splits and priority "
-        "preemption use 1.",
+        "scheduled and handed over while the prefill side runs the current one (as upstream's overlap "
+        "schedule schedules its next prefill), so a prompt does not wait in the queue for the batch "
+        "before it to come back. Multi-rank groups, green-context splits and priority preemption use 1.",
     )
     group.add_argument(
         "--edge-acc-skip-preflight",

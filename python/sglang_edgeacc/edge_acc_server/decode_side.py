@@ -296,11 +296,11 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
 
     def _edge_choose_depth(self) -> None:
         """Once the scheduler is complete (priority preemption is decided late in its construction)."""
-        asked = get_flags(self.server_args).edge_acc_prefill_batches_in_flight
+        flags = get_flags(self.server_args)
+        asked = flags.edge_acc_prefill_batches_in_flight
         depth, why_not_more = prefill_batches_in_flight(
             asked, replies_taken_alone=self.prefill_link.replies_taken_alone, mlp_sync=self.require_mlp_sync,
-            sm_partition=get_flags(self.server_args).edge_acc_sm_partition,
-            priority_preemption=bool(self.enable_priority_preemption))
+            sm_partition=flags.edge_acc_sm_partition, priority_preemption=bool(self.enable_priority_preemption))
         self.prefill_link.depth = depth
         logger.info("%s prefill batches in flight: up to %d%s", self._edge_log_prefix(), depth,
                     f" ({why_not_more})" if depth < asked else "")
