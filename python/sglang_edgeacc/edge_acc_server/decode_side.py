@@ -210,9 +210,6 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
             # places upstream looks: merged first, its requests are retracted with the others, and no slot
             # its forward still writes is freed.
             self._edge_settle_prefill("pause_generation")
-            if self.last_batch is not None and not self.result_queue:
-                # Its result went out before a pacing wait; upstream would take it from the queue again.
-                self.last_batch = None
         return super().pause_generation(recv_req)
 
     def _edge_settle_prefill(self, why: str) -> None:
@@ -317,9 +314,12 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         """
         if self.decode_pacer.next_step(self.prefill_link.busy).wait_s <= 0:
             return True
-        # The tokens of the step already run go out before the wait, not after it.
+        # The tokens of the step already run go out before the wait, not after it. Under the
+        # overlap schedule upstream's last_batch is the batch whose result is still queued
+        # (a retracting pause takes it from the queue): with its result out, there is none.
         while self.result_queue:
             self._edge_process_decode_result(*self.result_queue.popleft())
+        self.last_batch = None
         wait_s = self.decode_pacer.next_step(self.prefill_link.busy).wait_s
         if wait_s <= 0:
             return True
