@@ -205,9 +205,9 @@ require_positive_int "$SERVER_STOP_TIMEOUT" SERVER_STOP_TIMEOUT
 if ((edge_acc)); then
   case "$sm_partition" in
     # Two processes' kernels overlap only under MPS, whatever confines them.
-    mps | green-context | adaptive) start_mps ;;
+    mps | green-context) start_mps ;;
     none) log "EdgeAcc with --edge-acc-sm-partition none: no MPS daemon needed (the sides time-slice)" ;;
-    *) die "--edge-acc-sm-partition must be mps, green-context, adaptive or none, got '$sm_partition'" ;;
+    *) die "--edge-acc-sm-partition must be mps, green-context or none, got '$sm_partition'" ;;
   esac
 fi
 

@@ -17,6 +17,16 @@ from sglang_edgeacc.edge_acc.sm_partition import MPS_PRIORITIES, SM_PARTITION_MO
 
 ATTR = "_edge_acc"
 
+# Retired flags and values: refused while parsing, each with what to do instead.
+RETIRED_ADAPTIVE = (
+    "--edge-acc-sm-partition adaptive was retired: the default split (mps) paces decode steps to "
+    "--edge-acc-itl-slo-ms so the prefill side gets the GPU in decode's slack; drop the flag or pass mps"
+)
+RETIRED_TTFT_SLO = (
+    "--edge-acc-ttft-slo-ms was retired with the adaptive split it steered: drop it; decode pacing "
+    "follows --edge-acc-itl-slo-ms"
+)
+
 
 @dataclass(frozen=True)
 class EdgeAccFlags:
@@ -28,12 +38,30 @@ class EdgeAccFlags:
     edge_acc_skip_preflight: bool = False
     edge_acc_itl_slo_ms: float = 50.0
     edge_acc_decode_pacing: str = "on"
-    edge_acc_ttft_slo_ms: float = 2000.0
     edge_acc_prefill_batches_in_flight: int = 2
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> "EdgeAccFlags":
         return cls(**{f.name: getattr(ns, f.name) for f in fields(cls) if hasattr(ns, f.name)})
+
+
+def _sm_partition(value: str) -> str:
+    """``--edge-acc-sm-partition``'s type: the retired mode is refused by name, the rest go to ``choices``."""
+    if value == "adaptive":
+        raise argparse.ArgumentTypeError(RETIRED_ADAPTIVE)
+    return value
+
+
+class _RetiredFlag(argparse.Action):
+    """A flag that no longer exists: parsing stops with ``message``, whatever value follows it."""
+
+    def __init__(self, option_strings, dest, message: str, **kwargs):
+        self.message = message
+        super().__init__(option_strings, dest, nargs="?", default=argparse.SUPPRESS, help=argparse.SUPPRESS,
+                         **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(self.message)
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -62,11 +90,12 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--edge-acc-sm-partition",
+        type=_sm_partition,
         choices=SM_PARTITION_MODES,
         default=EdgeAccFlags.edge_acc_sm_partition,
-        help="How the SMs are split between the two sides: CUDA MPS thread percentages, "
-        "torch green contexts (fixed share), adaptive (the prefill side picks a green-context "
-        "partition per batch from the SLOs below), or none (time-sliced).",
+        help="How the SMs are split between the two sides: mps (CUDA MPS thread percentages, the "
+        "prefill side at --edge-acc-prefill-mps-priority, decode steps paced by --edge-acc-decode-pacing), "
+        "green-context (a fixed share of SMs for the prefill side), or none (time-sliced).",
     )
     group.add_argument(
         "--edge-acc-prefill-mps-priority",
@@ -80,9 +109,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=EdgeAccFlags.edge_acc_itl_slo_ms,
         metavar="MS",
-        help="Inter-token latency target. While the prefill side has a batch, decode steps are "
-        "spaced to 0.8 of it so that the prefill side has the whole GPU in between "
-        "(--edge-acc-decode-pacing); the adaptive split also reads it.",
+        help="Inter-token latency target of decode pacing: while the prefill side has a batch, decode "
+        "steps are spaced to 0.8 of it so that the prefill side has the whole GPU in between "
+        "(--edge-acc-decode-pacing).",
     )
     group.add_argument(
         "--edge-acc-decode-pacing",
@@ -92,13 +121,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "--edge-acc-itl-slo-ms waits, and the prefill side runs alone in the gap (first token sooner, "
         "inter-token gaps up to 0.8 of the target); off: decode steps always run back to back.",
     )
-    group.add_argument(
-        "--edge-acc-ttft-slo-ms",
-        type=float,
-        default=EdgeAccFlags.edge_acc_ttft_slo_ms,
-        metavar="MS",
-        help="Adaptive split: time-to-first-token target the prefill side's share grows for.",
-    )
+    group.add_argument("--edge-acc-ttft-slo-ms", action=_RetiredFlag, message=RETIRED_TTFT_SLO)
     group.add_argument(
         "--edge-acc-prefill-batches-in-flight",
         type=int,
@@ -107,7 +130,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         help="Prefill batches the decode side may have handed over at once. At 2 the next batch is "
         "scheduled and handed over while the prefill side runs the current one (as upstream's overlap "
         "schedule schedules its next prefill), so a prompt does not wait in the queue for the batch "
-        "before it to come back. Multi-rank groups, green-context splits and priority preemption use 1.",
+        "before it to come back. Multi-rank groups, the green-context split and priority preemption use 1.",
     )
     group.add_argument(
         "--edge-acc-skip-preflight",

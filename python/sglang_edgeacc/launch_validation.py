@@ -13,7 +13,6 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from sglang_edgeacc.edge_acc.sm_partition import GREEN_CONTEXT_MODES
 from sglang_edgeacc.flags import EdgeAccFlags
 
 logger = logging.getLogger(__name__)
@@ -109,10 +108,9 @@ def validate_launch(flags: EdgeAccFlags, args: argparse.Namespace) -> None:
         problem = _check_percent(flag, value)
         if problem:
             raise EdgeAccConfigError(problem)
-    for flag, value in (("--edge-acc-itl-slo-ms", flags.edge_acc_itl_slo_ms),
-                        ("--edge-acc-ttft-slo-ms", flags.edge_acc_ttft_slo_ms)):
-        if not value > 0:
-            raise EdgeAccConfigError(f"{flag} {value} must be a positive number of milliseconds.")
+    if not flags.edge_acc_itl_slo_ms > 0:
+        raise EdgeAccConfigError(
+            f"--edge-acc-itl-slo-ms {flags.edge_acc_itl_slo_ms} must be a positive number of milliseconds.")
     if not flags.enable_edge_acc:
         return
     for rule in EDGE_ACC_RULES:
@@ -143,17 +141,17 @@ def _prefill_graph_backend_asked(args: argparse.Namespace) -> Optional[str]:
 
 
 def keep_prefill_graphs_inside_green_contexts(flags: EdgeAccFlags, args: argparse.Namespace) -> None:
-    """Before upstream resolves its CUDA graph config: no prefill graphs where green contexts confine prefill.
+    """Before upstream resolves its CUDA graph config: no prefill graphs where a green context confines prefill.
 
     A CUDA graph's kernels run on the SMs of the stream it was *captured* on, not the
     stream it is replayed on (H200: a decode graph captured outside a 16-SM green context
     and replayed on it ran at whole-GPU speed, 13.9 ms against 50 ms).
-    Upstream captures its prefill graphs before the prefill side picks a
-    partition, so they would escape the split. The prefill side therefore runs eager
-    under ``--edge-acc-sm-partition green-context|adaptive``: the default graph is turned
+    Upstream does not capture its prefill graphs on the prefill side's green-context
+    stream, so they would escape the split. The prefill side therefore runs eager
+    under ``--edge-acc-sm-partition green-context``: the default graph is turned
     off here, an explicit one is refused.
     """
-    if not flags.enable_edge_acc or flags.edge_acc_sm_partition not in GREEN_CONTEXT_MODES:
+    if not flags.enable_edge_acc or flags.edge_acc_sm_partition != "green-context":
         return
     if on_cpu_platform(args):
         return
@@ -162,7 +160,7 @@ def keep_prefill_graphs_inside_green_contexts(flags: EdgeAccFlags, args: argpars
         raise EdgeAccConfigError(
             f"--enable-edge-acc --edge-acc-sm-partition {flags.edge_acc_sm_partition} with prefill CUDA graphs "
             f"(--cuda-graph-backend-prefill {asked}): a CUDA graph runs on the SMs of the stream it was captured "
-            f"on, so graphs captured before the prefill side picks its green-context partition would escape it. "
+            f"on, so graphs captured outside the prefill side's green context would escape it. "
             f"Use --cuda-graph-backend-prefill disabled, or --edge-acc-sm-partition mps to keep prefill graphs."
         )
     if not getattr(args, "disable_prefill_cuda_graph", False):

@@ -133,7 +133,8 @@ def test_quickstart_flag_table_gives_every_flag_with_its_default():
 
     parser = argparse.ArgumentParser()
     flags.add_cli_args(parser)
-    defaults = {a.option_strings[0]: a.default for a in parser._actions if a.option_strings[0].startswith("--e")}
+    defaults = {a.option_strings[0]: a.default for a in parser._actions
+                if a.option_strings[0].startswith("--e") and a.help is not argparse.SUPPRESS}
     quickstart = (REPO / "docs" / "quickstart.md").read_text()
     rows = dict(re.findall(r"^\| `(--[a-z-]+)[^|]*\| ([^|]+?) \|", quickstart, re.M))
     for option, default in defaults.items():

@@ -17,7 +17,7 @@ import pytest
 
 from sglang_edgeacc.edge_acc_server.decode_pacing import DecodePacer
 from sglang_edgeacc.edge_acc_server.decode_side import DecodeSideScheduler
-from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStepClock, DecodeStepWindow
+from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStepClock
 from sglang_edgeacc.edge_acc_server.metrics import EdgeAccStats
 
 
@@ -64,7 +64,6 @@ class _RecordingDecodeSide(DecodeSideScheduler):
         self._engine_paused = False
         self.prefill_link = _RecordingLink(self.events)
         self.decode_clock = DecodeStepClock()
-        self.decode_step_window = DecodeStepWindow(enabled=False)
         self.decode_pacer = DecodePacer(itl_slo_ms=50.0)
         self.require_mlp_sync = False
         self.enable_priority_preemption = False
@@ -300,8 +299,8 @@ def test_a_second_batch_in_flight_only_where_the_schedule_allows_it():
     assert depth == 1 and "--edge-acc-prefill-batches-in-flight 1" in why
     for change, named in ((dict(replies_taken_alone=False), "ranks of the group"),
                           (dict(mlp_sync=True), "ranks of the group"),
-                          (dict(sm_partition="adaptive"), "--edge-acc-sm-partition adaptive"),
-                          (dict(sm_partition="green-context"), "different streams"),
+                          (dict(sm_partition="green-context"),
+                           "--edge-acc-sm-partition green-context may run consecutive batches on different streams"),
                           (dict(priority_preemption=True), "--enable-priority-scheduling")):
         depth, why = prefill_batches_in_flight(2, **{**alone, **change})
         assert depth == 1 and named in why, (change, why)

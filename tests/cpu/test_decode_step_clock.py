@@ -1,10 +1,9 @@
-"""The decode side times each decode step once; the metrics and the adaptive split read that one measurement.
+"""The decode side times each decode step once, and the metrics count that one measurement.
 
 The step clock times a processed result against the previous decode result and
 starts over when the loop idles or a result is not a decode step. Here the
-decode side's own result processing runs with a clock set by hand, the real
-``EdgeAccStats`` writing to a registry of its own, and the adaptive window, and
-both readers are checked against the same steps. The series are read back the
+decode side's own result processing runs with a clock set by hand and the real
+``EdgeAccStats`` writing to a registry of its own. The series are read back the
 way ``benchmarks/gpu_share.py`` reads ``/metrics``.
 """
 
@@ -15,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_edgeacc.edge_acc_server.decode_side import DecodeSideScheduler
-from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStep, DecodeStepClock, DecodeStepWindow
+from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStep, DecodeStepClock
 from benchmarks import gpu_share
 from sglang_edgeacc.edge_acc_server.metrics import EdgeAccStats
 
@@ -61,7 +60,6 @@ class _DecodeSide(DecodeSideScheduler):
 
     def __init__(self, clock, stats):
         self.decode_clock = DecodeStepClock(clock)
-        self.decode_step_window = DecodeStepWindow(enabled=True)
         self.edge_acc_stats = stats
         self.prefill_link = SimpleNamespace(busy=False)
 
@@ -75,7 +73,7 @@ def _batch(decode=True, requests=2, seq=10):
     return SimpleNamespace(forward_mode=SimpleNamespace(is_decode=lambda: decode), reqs=reqs)
 
 
-def test_one_measurement_feeds_the_metrics_and_the_adaptive_window():
+def test_each_step_is_counted_once_beside_a_prefill_or_alone():
     clock = _Clock()
     stats, registry = _stats()
     side = _DecodeSide(clock, stats)
@@ -96,39 +94,13 @@ def test_one_measurement_feeds_the_metrics_and_the_adaptive_window():
     result(101.200, False)
     result(101.240, False)  # 40 ms, alone
 
-    window = side.decode_step_window.take()
-    assert window == pytest.approx((20.0, 30.0, 5.0))
     counters = gpu_share.parse_counters(_exposition(registry))
-    # The steps the window kept are exactly the metrics' steps beside a prefill, and the same durations.
-    assert counters["decode_steps.yes"] == len(window) == 3
-    assert counters["decode_step_seconds.yes"] == pytest.approx(sum(window) / 1e3)
+    assert counters["decode_steps.yes"] == 3
+    assert counters["decode_step_seconds.yes"] == pytest.approx(0.020 + 0.030 + 0.005)
     assert counters["decode_steps.no"] == 2
     assert counters["decode_step_seconds.no"] == pytest.approx(0.050)
     assert counters["decode_step_requests.yes"] == 2 + 3 + 2
     assert counters["decode_context_tokens.yes"] == 2 * 9 + 3 * 9 + 2 * 19
-
-
-def test_without_the_adaptive_split_the_window_keeps_nothing_and_the_metrics_still_count():
-    clock = _Clock()
-    stats, registry = _stats()
-    side = _DecodeSide(clock, stats)
-    side.decode_step_window = DecodeStepWindow(enabled=False)
-    side.prefill_link.busy = True
-    for at in (100.0, 100.01, 100.02):
-        clock.now = at
-        side._edge_process_decode_result(_batch(), None)
-    assert side.decode_step_window.take() == ()
-    assert gpu_share.parse_counters(_exposition(registry))["decode_steps.yes"] == 2
-
-
-def test_without_metrics_the_window_still_gets_every_step():
-    clock = _Clock()
-    side = _DecodeSide(clock, EdgeAccStats())  # --enable-metrics off
-    side.prefill_link.busy = True
-    for at in (100.0, 100.01, 100.03):
-        clock.now = at
-        side._edge_process_decode_result(_batch(), None)
-    assert side.decode_step_window.take() == pytest.approx((10.0, 20.0))
 
 
 def test_the_clock_alone():

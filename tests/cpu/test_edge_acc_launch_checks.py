@@ -61,12 +61,11 @@ LAUNCHES = {
     "time_sliced_expandable": Launch((*EDGE, *NONE), env=(("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),)),
     "mps_explicit_prefill_graph": Launch((*EDGE, "--edge-acc-sm-partition", "mps", "--cuda-graph-backend-prefill",
                                           "breakable"), prints_prefill_graph=True),
-    "adaptive": Launch((*EDGE, "--edge-acc-sm-partition", "adaptive"), prints_prefill_graph=True),
     "green-context": Launch((*EDGE, "--edge-acc-sm-partition", "green-context"), prints_prefill_graph=True),
-    "adaptive_explicit_prefill_graph": Launch((*EDGE, "--edge-acc-sm-partition", "adaptive",
-                                               "--cuda-graph-backend-prefill", "breakable"), prints_prefill_graph=True),
-    "adaptive_prefill_graph_in_config": Launch((*EDGE, "--edge-acc-sm-partition", "adaptive", "--cuda-graph-config",
-                                                '{"prefill": {"backend": "breakable"}}'), prints_prefill_graph=True),
+    "green_explicit_prefill_graph": Launch((*EDGE, "--edge-acc-sm-partition", "green-context",
+                                            "--cuda-graph-backend-prefill", "breakable"), prints_prefill_graph=True),
+    "green_prefill_graph_in_config": Launch((*EDGE, "--edge-acc-sm-partition", "green-context", "--cuda-graph-config",
+                                             '{"prefill": {"backend": "breakable"}}'), prints_prefill_graph=True),
 }
 AT_ONCE = 3
 
@@ -132,21 +131,20 @@ def test_time_sliced_launch_needs_no_daemon_but_refuses_expandable_segments(pars
     assert "PYTORCH_CUDA_ALLOC_CONF" in refused.stderr
 
 
-def test_green_context_splits_turn_prefill_graphs_off_and_refuse_an_explicit_one(parsed):
+def test_the_green_context_split_turns_prefill_graphs_off_and_refuses_an_explicit_one(parsed):
     # The MPS split leaves upstream's prefill graphs alone, an explicit backend included.
     mps = parsed["mps_explicit_prefill_graph"]
     assert mps.returncode == 0, mps.stderr[-2000:]
     assert "off-switch: False prefill-graph: breakable" in mps.stdout
-    for mode in ("adaptive", "green-context"):
-        off = parsed[mode]
-        assert off.returncode == 0, off.stderr[-2000:]
-        assert "off-switch: True prefill-graph: disabled" in off.stdout
-        assert "prefill CUDA graphs off" in off.stderr
-    refused = parsed["adaptive_explicit_prefill_graph"]
+    off = parsed["green-context"]
+    assert off.returncode == 0, off.stderr[-2000:]
+    assert "off-switch: True prefill-graph: disabled" in off.stdout
+    assert "prefill CUDA graphs off" in off.stderr
+    refused = parsed["green_explicit_prefill_graph"]
     assert refused.returncode != 0
     assert "ACCEPTED" not in refused.stdout
     assert "--cuda-graph-backend-prefill breakable" in refused.stderr
     assert "--cuda-graph-backend-prefill disabled" in refused.stderr
-    in_config = parsed["adaptive_prefill_graph_in_config"]
+    in_config = parsed["green_prefill_graph_in_config"]
     assert in_config.returncode != 0
     assert "--cuda-graph-backend-prefill breakable" in in_config.stderr

@@ -136,20 +136,6 @@ def test_edge_acc_matches_upstream(cpu_servers, launch):
         cpu_servers.release(*args, "--enable-edge-acc")
 
 
-def test_edge_acc_adaptive_split_matches_upstream(cpu_servers):
-    """The decode side measures its steps and sends its load with every batch (chunked
-    prompts included); on a platform without SMs the prefill side says it runs unconfined."""
-    adaptive = ("--enable-edge-acc", "--edge-acc-sm-partition", "adaptive",
-                "--edge-acc-itl-slo-ms", "40", "--edge-acc-ttft-slo-ms", "3000")
-    cpu_servers.prepare((SHARED_LAUNCH, None), ((*SHARED_LAUNCH, *adaptive), None))
-    expected = _outputs(cpu_servers.get(*SHARED_LAUNCH))
-    edge = cpu_servers.get(*SHARED_LAUNCH, *adaptive)
-    assert _outputs(edge) == expected
-    log = edge.log_tail(10**7)
-    cpu_servers.release(*SHARED_LAUNCH, *adaptive)  # used here only
-    assert "--edge-acc-sm-partition adaptive: the cpu platform has no SMs to partition; running unconfined" in log
-
-
 def _lone_then_burst(server) -> dict:
     lone = server.generate("only one request, so one DP group stays idle", max_new_tokens=8)
     with cf.ThreadPoolExecutor(8) as pool:

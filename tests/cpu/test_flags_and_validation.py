@@ -51,13 +51,24 @@ PERCENT_FLAGS = ("--edge-acc-prefill-sm-percent", "--edge-acc-decode-sm-percent"
 OUT_OF_RANGE = ("0", "101")
 # The opposite of the default, so the case shows the flag reaches the server.
 VALID_PACING = "off" if EdgeAccFlags.edge_acc_decode_pacing == "on" else "on"
+# Retired flags: case -> (the extra arguments, what argparse's error must say: the flag, that it was retired, the fix).
+ADAPTIVE_RETIRED = ("error: argument --edge-acc-sm-partition: --edge-acc-sm-partition adaptive was retired",
+                    "the default split (mps) paces decode steps to --edge-acc-itl-slo-ms",
+                    "drop the flag or pass mps")
+TTFT_SLO_RETIRED = ("error: --edge-acc-ttft-slo-ms was retired", "drop it; decode pacing follows --edge-acc-itl-slo-ms")
+RETIRED = {
+    "adaptive": (["--enable-edge-acc", "--edge-acc-sm-partition", "adaptive"], ADAPTIVE_RETIRED),
+    "adaptive_equals": (["--edge-acc-sm-partition=adaptive"], ADAPTIVE_RETIRED),
+    "ttft_slo": (["--enable-edge-acc", "--edge-acc-ttft-slo-ms", "2000"], TTFT_SLO_RETIRED),
+    "ttft_slo_equals": (["--edge-acc-ttft-slo-ms=2000"], TTFT_SLO_RETIRED),
+}
 
 # Parses each argv with the plugin loaded; reports the flags it attached (also
 # after a pickle round trip, which is how sglang hands ServerArgs to every
 # spawned child) or the exit it raised.
 WORKER = textwrap.dedent(
     """
-    import dataclasses, json, pickle, sys
+    import contextlib, dataclasses, io, json, pickle, sys
     from sglang.srt.plugins import load_plugins
     load_plugins()
     from sglang.srt.server_args import prepare_server_args
@@ -65,10 +76,13 @@ WORKER = textwrap.dedent(
 
     results = {}
     for name, argv in json.load(sys.stdin).items():
+        stderr = io.StringIO()  # where argparse prints its own errors
         try:
-            server_args = prepare_server_args(argv)
+            with contextlib.redirect_stderr(stderr):
+                server_args = prepare_server_args(argv)
         except SystemExit as exc:
-            results[name] = {"exit": exc.code if isinstance(exc.code, int) else 1, "message": str(exc.code)}
+            results[name] = {"exit": exc.code if isinstance(exc.code, int) else 1, "message": str(exc.code),
+                             "stderr": stderr.getvalue()}
             continue
         copy = pickle.loads(pickle.dumps(server_args))
         results[name] = {
@@ -96,6 +110,8 @@ def _cases() -> dict[str, list[str]]:
         "--edge-acc-decode-sm-percent", "90", "--edge-acc-sm-partition", "green-context",
         "--edge-acc-decode-pacing", VALID_PACING,
     ]
+    for name, (extra, _) in RETIRED.items():
+        cases[f"retired:{name}"] = BASE + extra
     cases["edge:alias"] = BASE + ["--enable-semi-pd-disagg"]
     cases["off"] = list(BASE)
     return cases
@@ -140,6 +156,15 @@ def test_out_of_range_percent_is_refused_with_or_without_edge_acc(parsed, prefix
     assert f"{flag} {value} is outside 1..100" in refused["message"]
 
 
+@pytest.mark.parametrize("case", list(RETIRED))
+def test_a_retired_flag_stops_the_parse_saying_what_to_do_instead(parsed, case):
+    refused = parsed[f"retired:{case}"]
+    assert refused.get("exit") == 2, refused  # argparse's own usage error
+    said = " ".join(refused["stderr"].split())
+    for part in RETIRED[case][1]:
+        assert part in said, refused["stderr"][-2000:]
+
+
 def test_valid_flags_are_attached_and_survive_pickling(parsed):
     accepted = parsed["edge:valid"]
     assert "exit" not in accepted, accepted
@@ -152,7 +177,6 @@ def test_valid_flags_are_attached_and_survive_pickling(parsed):
         "edge_acc_skip_preflight": False,
         "edge_acc_itl_slo_ms": 50.0,
         "edge_acc_decode_pacing": VALID_PACING,
-        "edge_acc_ttft_slo_ms": 2000.0,
         "edge_acc_prefill_batches_in_flight": 2,
     }
     assert accepted["flags"] == expected
@@ -229,3 +253,8 @@ def test_launch_server_help_lists_the_flags_and_the_alias(commands):
     ):
         assert flag in result["stdout"], f"{flag} missing from python -m sglang.launch_server --help"
     assert "EdgeAcc (sglang-edgeacc)" in result["stdout"]
+    # The retired adaptive split and its first-token target are not offered.
+    edge_acc_group = result["stdout"].split("EdgeAcc (sglang-edgeacc)", 1)[1].split("\n\n", 1)[0]
+    assert "--edge-acc-sm-partition {mps,green-context,none}" in edge_acc_group
+    assert "adaptive" not in edge_acc_group
+    assert "--edge-acc-ttft-slo-ms" not in result["stdout"]

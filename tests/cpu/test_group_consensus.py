@@ -36,19 +36,6 @@ def test_each_subgroup_agrees_on_its_own_slowest_rank():
     assert results[2] == results[3] == [False, True, True]
 
 
-def _lead(rank: int, values: list) -> tuple:
-    from sglang_edgeacc.edge_acc_server.group_consensus import is_group_leader, leader_decides
-
-    mine = _two_subgroups(rank)
-    return is_group_leader(mine), [leader_decides(v, mine) for v in values[rank]]
-
-
-def test_each_subgroup_runs_the_partition_its_first_rank_chose():
-    results = run_ranks(_lead, 4, [[3, 0, 6], [1, 2, 2], [5, 5, 0], [4, 1, 1]])
-    assert results[0] == (True, [3, 0, 6]) and results[1] == (False, [3, 0, 6])
-    assert results[2] == (True, [5, 5, 0]) and results[3] == (False, [5, 5, 0])
-
-
 def test_a_single_rank_group_decides_alone():
     import torch.distributed as dist
 

@@ -208,9 +208,10 @@ def test_sigint_is_forwarded_and_semi_pd_name_is_accepted(launch_env):
     assert not (pipe(launch_env) / "nvidia-cuda-mps-control.pid").exists()
 
 
-@pytest.mark.parametrize("partition_args", ["--edge-acc-sm-partition green-context", "--edge-acc-sm-partition=adaptive"])
-def test_green_context_splits_run_under_mps_too(launch_env, partition_args):
-    # Green contexts confine a side's kernels; only MPS lets two processes' kernels overlap.
+@pytest.mark.parametrize("partition_args", ["--edge-acc-sm-partition green-context",
+                                            "--edge-acc-sm-partition=green-context"])
+def test_the_green_context_split_runs_under_mps_too(launch_env, partition_args):
+    # A green context confines a side's kernels; only MPS lets two processes' kernels overlap.
     launch_env.update(ENABLE_EDGE_ACC="true", SERVER_ARGS=partition_args)
     proc = start_script(launch_env)
     wait_for_server(launch_env, proc)
@@ -301,7 +302,9 @@ def test_worker_left_in_the_group_is_stopped_on_normal_exit(launch_env):
         ({"ENABLE_EDGE_ACC": "maybe"}, "ENABLE_EDGE_ACC must be True/true/1"),
         ({"TENSOR_PARALLEL_SIZE": "eight"}, "TENSOR_PARALLEL_SIZE must be a positive integer"),
         ({"SERVER_ARGS": "--chat-template 'unclosed"}, "SERVER_ARGS has an unbalanced quote"),
-        ({"ENABLE_EDGE_ACC": "1", "SERVER_ARGS": "--edge-acc-sm-partition mig"}, "must be mps, green-context, adaptive or none"),
+        ({"ENABLE_EDGE_ACC": "1", "SERVER_ARGS": "--edge-acc-sm-partition mig"}, "must be mps, green-context or none"),
+        ({"ENABLE_EDGE_ACC": "1", "SERVER_ARGS": "--edge-acc-sm-partition adaptive"},
+         "must be mps, green-context or none, got 'adaptive'"),
     ],
 )
 def test_bad_environment_is_refused_before_anything_starts(launch_env, overrides, message):

@@ -50,6 +50,7 @@ def test_none_mode_and_cpu_platform_set_nothing():
         ("decode", 101, "mps", "--edge-acc-decode-sm-percent"),
         ("decode", 50.0, "mps", "--edge-acc-decode-sm-percent"),
         ("prefill", 50, "mig", "--edge-acc-sm-partition"),
+        ("prefill", 50, "adaptive", "--edge-acc-sm-partition"),
         ("encode", 50, "mps", "role"),
     ],
 )
@@ -68,16 +69,10 @@ def test_the_split_is_logged_under_the_prefix_of_the_process_that_prints_it(capl
     assert "[edgeacc prefill" not in caplog.text
 
 
-def test_the_split_in_effect_is_described_after_any_fallback(monkeypatch):
-    import sglang_edgeacc.edge_acc.sm_partition as sm_partition
-
+def test_the_split_in_effect_is_described():
     assert side_split("prefill", 60, "mps", device_type="cpu") == SideSplit(
         "prefill", "none", None, {}, "none (cpu platform has no SMs to split)")
     assert side_split("prefill", 40, "green-context").percent == 40
-    monkeypatch.setattr(sm_partition, "green_contexts_available", lambda: False)
-    fallback = side_split("prefill", 70, "adaptive")
-    assert (fallback.mode, fallback.percent, fallback.env) == ("mps", 70, {MPS_PERCENT_VAR: "70"})
-    assert "falling back to the fixed MPS split" in fallback.fallback
 
 
 def _report_env(conn) -> None:
@@ -139,7 +134,7 @@ def test_green_context_from_env_rejects_garbage(monkeypatch):
 def test_the_prefill_side_is_a_below_normal_mps_client_and_the_decode_side_normal():
     from sglang_edgeacc.edge_acc.sm_partition import MPS_PRIORITY_VAR, mps_priority_env
 
-    for mode in ("mps", "green-context", "adaptive"):
+    for mode in ("mps", "green-context"):
         assert mps_priority_env("prefill", "below-normal", mode) == {MPS_PRIORITY_VAR: "1"}
         # Explicit 0: a value inherited from the launcher cannot lower the decode side.
         assert mps_priority_env("decode", "below-normal", mode) == {MPS_PRIORITY_VAR: "0"}

@@ -53,7 +53,6 @@ EDGE_ARMS = {
     "edge-mps": ("--enable-edge-acc",),
     "edge-none": ("--enable-edge-acc", "--edge-acc-sm-partition", "none"),
     "edge-green": ("--enable-edge-acc", "--edge-acc-sm-partition", "green-context"),
-    "edge-adaptive": ("--enable-edge-acc", "--edge-acc-sm-partition", "adaptive"),
 }
 CPU_ARMS = ("edge-mps",)  # the CPU platform has no SMs to split: one EdgeAcc arm shows the flow
 

@@ -9,12 +9,6 @@
 * ``sm_partition``: the environment each side is spawned with for its SM share (MPS thread
   percentage or a green-context percentage, and MPS client priority), the green-context stream
   helper, and the one definition of the SM modes.
-* ``adaptive_partitions``: the pre-built green-context partitions (and the whole-GPU
-  least-priority top) the adaptive split runs prefill batches on.
-* ``adaptive_split``: the policy that picks a partition per prefill batch from the decode
-  side's step times, its load and the SLOs (standard library only).
-* ``adaptive_table``: the decode-step times it keeps per (decode load, partition), and what they
-  predict for a partition not measured at the load now (standard library only).
 
 None of these modules imports sglang, so they run from the repository with ``PYTHONPATH=python``.
 The MPS control daemon the SM splits need has its own subpackage, :mod:`sglang_edgeacc.mps`.

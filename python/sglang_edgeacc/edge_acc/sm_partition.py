@@ -43,9 +43,7 @@ MPS_PERCENT_VAR = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 MPS_PRIORITY_VAR = "CUDA_MPS_CLIENT_PRIORITY"
 MPS_PRIORITIES: tuple[str, ...] = ("below-normal", "normal")
 GREEN_CONTEXT_PERCENT_VAR = "EDGEACC_GREEN_CONTEXT_SM_PERCENT"
-SM_PARTITION_MODES: tuple[str, ...] = ("mps", "green-context", "adaptive", "none")
-# The modes whose prefill side runs on green-context streams.
-GREEN_CONTEXT_MODES: tuple[str, ...] = ("green-context", "adaptive")
+SM_PARTITION_MODES: tuple[str, ...] = ("mps", "green-context", "none")
 ROLES: tuple[str, ...] = ("prefill", "decode")
 _PERCENT_FLAGS = {"prefill": "--edge-acc-prefill-sm-percent", "decode": "--edge-acc-decode-sm-percent"}
 
@@ -74,20 +72,16 @@ class SideSplit:
     """The SM split one side is spawned with: what is in effect and the variables that set it."""
 
     role: str
-    # In effect, after any fallback: "mps", "green-context", "adaptive" or "none".
+    # In effect: "mps", "green-context" or "none".
     mode: str
-    # The side's fixed share of SMs; None where no fixed share applies (none, adaptive).
+    # The side's fixed share of SMs; None where no fixed share applies (none).
     percent: Optional[int]
     env: dict[str, str]
     # One phrase for the logs and /get_server_info.
     detail: str
-    # Why the split asked for could not be made, where it could not.
-    fallback: Optional[str] = None
 
     def log(self, log_prefix: str) -> None:
         """Log the split under the prefix of the process that prints it (the side's spawner)."""
-        if self.fallback:
-            logger.warning("%s %s", log_prefix, self.fallback)
         logger.info("%s %s side's SM split: %s", log_prefix, self.role, self.detail)
 
 
@@ -103,21 +97,6 @@ def side_split(role: str, percent: int, mode: str, *, device_type: str = "cuda")
         return SideSplit(role, "none", None, {}, f"none ({device_type} platform has no SMs to split)")
     if mode == "mps":
         return SideSplit(role, "mps", percent, {MPS_PERCENT_VAR: str(percent)}, f"mps, {MPS_PERCENT_VAR}={percent}")
-    if mode == "adaptive":
-        if not green_contexts_available():
-            # Decided here, before the side starts: an MPS percentage must be in its
-            # environment before it initializes CUDA, and it is the fixed split.
-            why = (
-                f"--edge-acc-sm-partition adaptive needs torch.cuda.green_contexts (torch {torch.__version__} here "
-                f"lacks it); falling back to the fixed MPS split, {MPS_PERCENT_VAR}={percent} "
-                f"(--edge-acc-prefill-sm-percent). Install a torch with green contexts (2.9 or newer) for the "
-                f"adaptive split"
-            )
-            return SideSplit(role, "mps", percent, {MPS_PERCENT_VAR: str(percent)},
-                             f"mps, {MPS_PERCENT_VAR}={percent} (adaptive is not available)", fallback=why)
-        # An MPS percentage would forbid green contexts: the side runs unlimited and
-        # confines each batch to the partition the adaptive policy picks.
-        return SideSplit(role, "adaptive", None, {}, "adaptive green-context partitions, no fixed cap")
     if mode == "green-context":
         return SideSplit(role, "green-context", percent, {GREEN_CONTEXT_PERCENT_VAR: str(percent)},
                          f"green-context, {percent}% of SMs on a green-context stream")
@@ -319,7 +298,6 @@ __all__ = [
     "GreenContextStream",
     "MPS_PERCENT_VAR",
     "ROLES",
-    "GREEN_CONTEXT_MODES",
     "SM_PARTITION_MODES",
     "SideSplit",
     "SmPartitionError",

@@ -27,7 +27,7 @@ from sglang.srt.runtime_context import get_model, get_parallel
 from sglang_edgeacc.edge_acc_server import roles, upstream_mirror
 from sglang_edgeacc.edge_acc_server.batch_codec import PrefillBatchNotSendable, UnsendablePart, pack_prefill_batch
 from sglang_edgeacc.edge_acc_server.decode_pacing import DecodePacer
-from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStepClock, DecodeStepWindow
+from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStepClock
 from sglang_edgeacc.edge_acc_server.graph_phases import skip_unused_graph_phase
 from sglang_edgeacc.edge_acc_server.metrics import EdgeAccStats
 from sglang_edgeacc.edge_acc_server.prefill_link import InflightPrefill, PrefillLink
@@ -41,15 +41,6 @@ logger = logging.getLogger(__name__)
 # While a prefill is in flight and there is nothing to decode, wait on the
 # channel rather than spin.
 IDLE_WAIT_MS = 5
-
-
-def queued_prompt_tokens(waiting_queue, chunked_req) -> int:
-    """Prompt tokens not sent to the prefill side yet: the waiting requests', and the rest
-    of the prompt being chunked, which upstream keeps out of the waiting queue."""
-    queued = sum(len(req.origin_input_ids) for req in waiting_queue)
-    if chunked_req is not None and chunked_req.extend_end is not None:
-        queued += max(0, len(chunked_req.origin_input_ids) - chunked_req.extend_end)
-    return queued
 
 
 def prefill_batches_in_flight(requested: int, *, replies_taken_alone: bool, mlp_sync: bool, sm_partition: str,
@@ -69,8 +60,8 @@ def prefill_batches_in_flight(requested: int, *, replies_taken_alone: bool, mlp_
         return 1, "--edge-acc-prefill-batches-in-flight 1"
     if not replies_taken_alone or mlp_sync:
         return 1, "the ranks of the group take prefill replies together"
-    if sm_partition not in ("mps", "none"):
-        return 1, f"--edge-acc-sm-partition {sm_partition} may run consecutive batches on different streams"
+    if sm_partition == "green-context":
+        return 1, "--edge-acc-sm-partition green-context may run consecutive batches on different streams"
     if priority_preemption:
         return 1, "--enable-priority-scheduling preempts running requests while scheduling"
     return requested, ""
@@ -126,9 +117,8 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         # prefill side is spawned once the pools exist, before this side captures its graphs.
         self.prefill_link = PrefillLink(server_args, port_args, log_prefix=self._edge_log_prefix)
         flags = get_flags(server_args)
-        # The one measure of inter-token time; each step feeds the metrics and the adaptive window.
+        # The one measure of inter-token time; each step feeds the metrics.
         self.decode_clock = DecodeStepClock()
-        self.decode_step_window = DecodeStepWindow(enabled=flags.edge_acc_sm_partition == "adaptive")
         self.decode_pacer = DecodePacer(flags.edge_acc_itl_slo_ms if flags.edge_acc_decode_pacing == "on" else 0.0)
         self._edge_spawn_after_capture = False
         self._edge_server_info = {"enabled": True}  # completed once the prefill side is ready
@@ -333,7 +323,6 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         step = self.decode_clock.result(batch.forward_mode.is_decode(), beside_prefill=self.prefill_link.busy)
         if step is None:
             return
-        self.decode_step_window.add(step)
         if self.edge_acc_stats.enabled:
             # Each request attended to its whole sequence but the token this step appended.
             context = sum(len(req.origin_input_ids) + len(req.output_ids) - 1 for req in batch.reqs)
@@ -373,19 +362,8 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
             return
         upstream_mirror.before_forward(self, batch)
         written = self.prefill_link.signal_inputs(self.forward_stream)
-        load = {}
-        if self.decode_step_window.enabled:
-            # What the policy needs: the ITL just seen, the queue, and the decode
-            # load this batch will run next to (it moves the split before that load bites).
-            running = self.running_batch.reqs
-            load = dict(
-                decode_step_ms=self.decode_step_window.take(),
-                queued_tokens=queued_prompt_tokens(self.waiting_queue, self.chunked_req),
-                decode_batch_size=len(running),
-                decode_context_tokens=sum(len(req.origin_input_ids) + len(req.output_ids) for req in running),
-            )
         packed = self._edge_pack(batch)
-        self.prefill_link.send(batch, packed, written, load, scheduled_at)
+        self.prefill_link.send(batch, packed, written, scheduled_at)
         self.edge_acc_stats.record_message(len(packed))
 
     def _edge_checkpoint_chunk_in_flight(self) -> None:

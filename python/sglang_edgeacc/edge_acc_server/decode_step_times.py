@@ -1,26 +1,19 @@
-"""The decode side's inter-token time: measured once, read by the metrics and by the adaptive split.
+"""The decode side's inter-token time: measured once, read by the metrics.
 
 Inter-token latency here is the time between two consecutive decode results,
 whatever the loop did in between. :class:`DecodeStepClock` is its one owner: it
 times each processed result against the previous one, and starts over when the
 loop idles or processes a result that is not a decode step. Each step it returns
-goes to both readers: the ``sglang_edgeacc_decode_*`` series
-(:meth:`~sglang_edgeacc.edge_acc_server.metrics.EdgeAccStats.record_decode_step`)
-and, for the adaptive split, :class:`DecodeStepWindow`. Only steps that ran next
-to a prefill batch say anything about the partition that batch ran on; steps
-next to an idle prefill side would be filed under the split in use, so the
-window keeps only the former.
+goes to the ``sglang_edgeacc_decode_*`` series
+(:meth:`~sglang_edgeacc.edge_acc_server.metrics.EdgeAccStats.record_decode_step`),
+labelled by whether a prefill batch was in flight beside it.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Optional
-
-# Bounded, since decoding can go on for a long time between two prefill batches.
-MAX_STEPS = 256
 
 
 @dataclass(frozen=True)
@@ -50,24 +43,3 @@ class DecodeStepClock:
         """No decode step this iteration: the next one starts a new interval."""
         self._last_done = None
 
-
-class DecodeStepWindow:
-    """The steps the adaptive split has not seen yet: those beside a prefill, in ms."""
-
-    def __init__(self, enabled: bool):
-        # Only the adaptive split reads these; with any other split nothing is kept.
-        self.enabled = enabled
-        self._steps: deque[float] = deque(maxlen=MAX_STEPS)
-
-    def add(self, step: DecodeStep) -> None:
-        if self.enabled and step.beside_prefill:
-            self._steps.append(step.seconds * 1e3)
-
-    def take(self) -> tuple[float, ...]:
-        """The steps since the previous batch, in ms, and start over."""
-        steps = tuple(self._steps)
-        self._steps.clear()
-        return steps
-
-    def __len__(self) -> int:
-        return len(self._steps)

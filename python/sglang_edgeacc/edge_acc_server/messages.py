@@ -41,14 +41,6 @@ class PrefillWork:
     seq: int
     batch: bytes  # ScheduleBatch encoded by batch_codec
     written: Optional[OrderingToken]  # orders the decode side's req_to_token/KV writes
-    # Load the decode side saw since the previous batch, for the adaptive split.
-    decode_step_ms: tuple[float, ...] = ()
-    queued_tokens: int = 0
-    # The decode side's running batch as this batch is sent (requests, total context tokens;
-    # 0 = unknown): the load this prefill batch will run next to, for the adaptive split's
-    # feed-forward (it moves the split before the first decode step at a new load).
-    decode_batch_size: int = 0
-    decode_context_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -152,15 +152,3 @@ class EdgeAccStats:
             self._prometheus["prefill_queue"].set(waiting)
             self._prometheus["decode_running"].set(running)
 
-
-def prefill_partition_gauge(tp_rank: int, dp_rank: int):
-    """The adaptive split's partition in use, set by the prefill side (None without --enable-metrics)."""
-    from sglang.srt.runtime_context import get_observability
-
-    if not get_observability().enable_metrics:
-        return None
-    from prometheus_client import Gauge
-
-    return Gauge("sglang_edgeacc_prefill_partition_sms", "SMs of the green-context partition the prefill side uses.",
-                 ["tp_rank", "dp_rank"], multiprocess_mode="mostrecent").labels(tp_rank=str(tp_rank),
-                                                                                dp_rank=str(dp_rank))

@@ -219,11 +219,11 @@ class PrefillLink:
         forward_stream.wait_stream(current)
         return self._fence.signal(forward_stream)
 
-    def send(self, batch, packed: bytes, written, load: dict, scheduled_at: float) -> None:
-        """Hand one prefill batch over; ``load`` is what the adaptive split reads, if anything."""
+    def send(self, batch, packed: bytes, written, scheduled_at: float) -> None:
+        """Hand one prefill batch over."""
         assert not self.full, f"at most {self.depth} prefill batches in flight"
         self._seq += 1
-        self._channel.send(PrefillWork(seq=self._seq, batch=packed, written=written, **load))
+        self._channel.send(PrefillWork(seq=self._seq, batch=packed, written=written))
         self._inflight.append(InflightPrefill(seq=self._seq, batch=batch, sent_at=time.monotonic(),
                                               scheduled_at=scheduled_at))
 

@@ -24,8 +24,6 @@ import torch
 
 from sglang_edgeacc.edge_acc.ordering import ReadFence
 from sglang_edgeacc.edge_acc.sm_partition import green_context_stream_from_env
-from sglang_edgeacc.edge_acc_server.adaptive import AdaptiveSplit
-from sglang_edgeacc.flags import get_flags
 from sglang_edgeacc.edge_acc.tensor_share import import_tensors
 from sglang_edgeacc.edge_acc_server import roles
 from sglang_edgeacc.edge_acc_server.batch_codec import LocalObjects, unpack_prefill_batch
@@ -96,7 +94,6 @@ class PrefillSideScheduler(EdgeAccSchedulerBase):
         # Made once the pools exist (init_memory_pools).
         self._edge_read_fence: ReadFence | None = None
         self._edge_green_stream = None
-        self._edge_split: AdaptiveSplit | None = None
         self._edge_graph_bytes = 0
         self._edge_last_finish = 0.0  # perf_counter when the last reply was built
         self._edge_prefill_connect()
@@ -159,16 +156,7 @@ class PrefillSideScheduler(EdgeAccSchedulerBase):
         runner = self.tp_worker.model_runner
         self._edge_read_fence = ReadFence(runner.device)
         device = runner_gpu(runner)
-        flags = get_flags(self.server_args)
-        if flags.edge_acc_sm_partition == "adaptive":
-            from sglang.srt.runtime_context import get_parallel
-
-            # The scheduler sets its group attributes after the pools; the groups exist already.
-            parallel = get_parallel()
-            self._edge_split = AdaptiveSplit.create(flags, device, self._edge_tp_rank(),
-                                                    dp_rank=getattr(parallel, "dp_rank", None) or 0,
-                                                    group=parallel.attn_tp_group.cpu_group)
-        elif device.type == "cuda":
+        if device.type == "cuda":
             # --edge-acc-sm-partition green-context: every prefill forward runs
             # on a stream confined to this side's share of the SMs.
             self._edge_green_stream = green_context_stream_from_env(
@@ -300,8 +288,6 @@ class PrefillSideScheduler(EdgeAccSchedulerBase):
             batch = self._edge_unpack_work(work, local)
         launched_at = time.monotonic()
         stream = self._edge_green_stream.stream if self._edge_green_stream is not None else None
-        if self._edge_split is not None:
-            stream = self._edge_split.stream_for(work)
         if stream is not None:
             # The batch's tensors were built on the schedule stream.
             stream.wait_stream(torch.cuda.current_stream(stream.device))
@@ -336,8 +322,6 @@ class PrefillSideScheduler(EdgeAccSchedulerBase):
         now = time.perf_counter()
         elapsed_ms = (now - max(launched.start, self._edge_last_finish)) * 1e3
         self._edge_last_finish = now
-        if self._edge_split is not None:
-            self._edge_split.observe(launched.work, elapsed_ms, launched.batch.extend_num_tokens or 0)
         return dataclasses.replace(reply, forward_ms=elapsed_ms,
                                    times=PrefillTimes(launched.taken_at, launched.launched_at, time.monotonic()))
 

@@ -53,7 +53,7 @@ def edge_acc_entry(sm_partition: str, prefill: SideSplit, decode: SideSplit, pai
     return {
         "enabled": True,
         "sm_partition": sm_partition,  # as asked on the command line
-        "sm_split": {  # as in effect, after any fallback
+        "sm_split": {  # as in effect on this platform
             "mode": prefill.mode,
             "prefill": prefill.detail,
             "decode": decode.detail,

@@ -22,7 +22,7 @@ One row per module of ``PATCH_MODULES`` (a test checks that every row exists).
   ``EdgeAccFlags`` as the non-field attribute ``_edge_acc`` (carried to every
   child by sglang's pickling) and, with ``--enable-edge-acc``, prepares the
   launch environment (``launch_environment``). Before upstream builds the record, with
-  ``--edge-acc-sm-partition green-context|adaptive`` on CUDA, it sets
+  ``--edge-acc-sm-partition green-context`` on CUDA, it sets
   ``disable_prefill_cuda_graph`` (an explicit prefill graph backend is refused):
   a CUDA graph keeps the SMs of the stream it was captured on, so upstream's
   prefill graphs would escape the prefill side's green context. Removable when

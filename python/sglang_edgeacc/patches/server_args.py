@@ -2,7 +2,7 @@
 
 Targets ``ServerArgs.add_cli_args`` (AROUND: adds the EdgeAcc argument group) and
 ``ServerArgs.from_cli_args`` (AROUND: before the original, turns prefill CUDA graphs
-off under the green-context splits; after it, validates the flags, attaches an
+off under the green-context split; after it, validates the flags, attaches an
 :class:`EdgeAccFlags` to the record and prepares the EdgeAcc launch environment).
 Why it exists, and when it can be removed: the patch table in ``sglang_edgeacc/patches/__init__.py``.
 """
