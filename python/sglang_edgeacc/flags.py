@@ -130,7 +130,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         help="Prefill batches the decode side may have handed over at once. At 2 the next batch is "
         "scheduled and handed over while the prefill side runs the current one (as upstream's overlap "
         "schedule schedules its next prefill), so a prompt does not wait in the queue for the batch "
-        "before it to come back. Multi-rank groups, the green-context split and priority preemption use 1.",
+        "before it to come back. Multi-rank groups and priority preemption use 1.",
     )
     group.add_argument(
         "--edge-acc-skip-preflight",

@@ -292,15 +292,12 @@ def test_a_retracting_pause_right_after_a_reply_taken_during_the_wait():
 def test_a_second_batch_in_flight_only_where_the_schedule_allows_it():
     from sglang_edgeacc.edge_acc_server.decode_side import prefill_batches_in_flight
 
-    alone = dict(replies_taken_alone=True, mlp_sync=False, sm_partition="mps", priority_preemption=False)
+    alone = dict(replies_taken_alone=True, mlp_sync=False, priority_preemption=False)
     assert prefill_batches_in_flight(2, **alone) == (2, "")
-    assert prefill_batches_in_flight(2, **{**alone, "sm_partition": "none"}) == (2, "")
     depth, why = prefill_batches_in_flight(1, **alone)
     assert depth == 1 and "--edge-acc-prefill-batches-in-flight 1" in why
     for change, named in ((dict(replies_taken_alone=False), "ranks of the group"),
                           (dict(mlp_sync=True), "ranks of the group"),
-                          (dict(sm_partition="green-context"),
-                           "--edge-acc-sm-partition green-context may run consecutive batches on different streams"),
                           (dict(priority_preemption=True), "--enable-priority-scheduling")):
         depth, why = prefill_batches_in_flight(2, **{**alone, **change})
         assert depth == 1 and named in why, (change, why)

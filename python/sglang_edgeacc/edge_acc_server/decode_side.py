@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 IDLE_WAIT_MS = 5
 
 
-def prefill_batches_in_flight(requested: int, *, replies_taken_alone: bool, mlp_sync: bool, sm_partition: str,
+def prefill_batches_in_flight(requested: int, *, replies_taken_alone: bool, mlp_sync: bool,
                               priority_preemption: bool) -> tuple[int, str]:
     """How many prefill batches the decode side may have in flight, and why not more when fewer than asked.
 
@@ -51,17 +51,15 @@ def prefill_batches_in_flight(requested: int, *, replies_taken_alone: bool, mlp_
     running batch; the scheduling sees them as upstream's overlap schedule sees its
     prefill in flight (:meth:`DecodeSideScheduler._edge_admission_counts_inflight`). Where
     that view is not enough, one batch at a time: the ranks of a group take replies in
-    lockstep (a second batch would need their agreement on every dispatch too), a
-    green-context split may run two batches on two streams (the second could read the
-    KV the first still writes), and priority preemption may evict a running request by
-    index from the batch the view extends.
+    lockstep (a second batch would need their agreement on every dispatch too), and
+    priority preemption may evict a running request by index from the batch the view
+    extends. The prefill side runs every batch on one stream, the green-context one too,
+    so a batch never overtakes the KV writes of the one before it.
     """
     if requested <= 1:
         return 1, "--edge-acc-prefill-batches-in-flight 1"
     if not replies_taken_alone or mlp_sync:
         return 1, "the ranks of the group take prefill replies together"
-    if sm_partition == "green-context":
-        return 1, "--edge-acc-sm-partition green-context may run consecutive batches on different streams"
     if priority_preemption:
         return 1, "--enable-priority-scheduling preempts running requests while scheduling"
     return requested, ""
@@ -287,7 +285,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         asked = flags.edge_acc_prefill_batches_in_flight
         depth, why_not_more = prefill_batches_in_flight(
             asked, replies_taken_alone=self.prefill_link.replies_taken_alone, mlp_sync=self.require_mlp_sync,
-            sm_partition=flags.edge_acc_sm_partition, priority_preemption=bool(self.enable_priority_preemption))
+            priority_preemption=bool(self.enable_priority_preemption))
         self.prefill_link.depth = depth
         logger.info("%s prefill batches in flight: up to %d%s", self._edge_log_prefix(), depth,
                     f" ({why_not_more})" if depth < asked else "")
