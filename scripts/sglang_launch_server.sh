@@ -207,6 +207,7 @@ if ((edge_acc)); then
     # Two processes' kernels overlap only under MPS, whatever confines them.
     mps | green-context) start_mps ;;
     none) log "EdgeAcc with --edge-acc-sm-partition none: no MPS daemon needed (the sides time-slice)" ;;
+    adaptive) die "--edge-acc-sm-partition adaptive was retired: drop the flag or pass mps (the default split paces decode steps to --edge-acc-itl-slo-ms)" ;;
     *) die "--edge-acc-sm-partition must be mps, green-context or none, got '$sm_partition'" ;;
   esac
 fi

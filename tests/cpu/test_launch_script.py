@@ -304,7 +304,7 @@ def test_worker_left_in_the_group_is_stopped_on_normal_exit(launch_env):
         ({"SERVER_ARGS": "--chat-template 'unclosed"}, "SERVER_ARGS has an unbalanced quote"),
         ({"ENABLE_EDGE_ACC": "1", "SERVER_ARGS": "--edge-acc-sm-partition mig"}, "must be mps, green-context or none"),
         ({"ENABLE_EDGE_ACC": "1", "SERVER_ARGS": "--edge-acc-sm-partition adaptive"},
-         "must be mps, green-context or none, got 'adaptive'"),
+         "--edge-acc-sm-partition adaptive was retired: drop the flag or pass mps"),
     ],
 )
 def test_bad_environment_is_refused_before_anything_starts(launch_env, overrides, message):
