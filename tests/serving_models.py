@@ -5,8 +5,8 @@
   context. sglang's ``--load-format dummy`` fills weights from [-1e-3, 1e-3],
   and a model that small answers the same tokens whatever the earlier context
   says (checked in ``tests/cpu/test_serving_models.py``), so it cannot show a
-  KV cache read from the wrong slots. This one can: change one token fifty
-  positions back and the continuation changes.
+  KV cache read from the wrong slots. This one can: change one page of tokens
+  fifty positions back (:func:`changed_context`) and the continuation changes.
 * :func:`qwen3_8b_shaped_model`: a Qwen3-8B-shaped config (served with
   ``--load-format dummy``) beside a byte-level BPE tokenizer with Qwen3's
   151,936-entry vocabulary, so per-request costs that grow with the tokenizer
@@ -27,6 +27,11 @@ from sglang_edgeacc.tiny_model import model_dir as shipped_tiny_model
 
 SENSITIVE_WEIGHT_STD = 0.2
 SENSITIVE_SEED = 20261201
+# What the oracle guard changes: a run of tokens as long as a KV page of 16 (one wrong page read),
+# ending this many positions before the end of the prompt. One token alone moves the random
+# model's logits by about 0.1 and its greedy answer on some prompts only.
+CONTEXT_CHANGE_TOKENS = 16
+CONTEXT_CHANGE_BACK = 50
 QWEN3_VOCAB = 151936
 # Regular tokens of the production tokenizer; the rest of the vocabulary is specials and padding, as in Qwen3.
 PRODUCTION_TOKENS = 151643
@@ -65,6 +70,16 @@ def _copy_tokenizer(src: pathlib.Path, dst: pathlib.Path) -> None:
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         if (src / name).exists():
             shutil.copy(src / name, dst / name)
+
+
+def changed_context(ids: list[int]) -> list[int]:
+    """``ids`` with the run of :data:`CONTEXT_CHANGE_TOKENS` tokens that ends :data:`CONTEXT_CHANGE_BACK`
+    positions before its end replaced (by token 3, or 4 where it already is 3)."""
+    changed = list(ids)
+    end = len(changed) - CONTEXT_CHANGE_BACK
+    for position in range(max(0, end - CONTEXT_CHANGE_TOKENS + 1), end + 1):
+        changed[position] = 3 if changed[position] != 3 else 4
+    return changed
 
 
 def sensitive_tiny_model(out: pathlib.Path | str, head_dim: int | None = None,

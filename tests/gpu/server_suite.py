@@ -179,9 +179,8 @@ def fingerprint(server, vocab: int, sensitive: bool) -> dict:
     # kernels round differently from solo ones, and this model amplifies any rounding.
     out["burst_solo"] = [_gen(server, p)["output_ids"] for p in burst_prompts]
     if sensitive:
-        # The oracle guard: one changed token 50 positions back must change the answer.
-        changed = list(long)
-        changed[-50] = 3 if changed[-50] != 3 else 4
+        # The oracle guard: a page of tokens changed 50 positions back must change the answer.
+        changed = serving_models.changed_context(long)
         out["context_changes_output"] = _gen(server, changed)["output_ids"] != out["solo_long"]
     return out
 
