@@ -157,3 +157,32 @@ def test_the_suite_judges_edge_acc_against_both_plain_servers(monkeypatch):
     monkeypatch.setenv("EDGEACC_SUITE_MPS_PIPE", "/tmp/edgeacc-test-pipe")
     assert server_suite._arm_env("plain-again", "cuda") == {}
     assert server_suite._arm_env("edge-mps", "cuda")["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/edgeacc-test-pipe"
+
+
+def test_where_token_answers_part_each_servers_top_two_is_reported_beside_the_verdict():
+    from tests.gpu import server_suite
+
+    def top_two(tokens, second_gap):
+        return [[[-0.1, t], [-0.1 - second_gap, t + 1]] for t in tokens]
+
+    plain = {"solo_short": [5, 6, 7], "solo_long": [8, 9, 10, 11], "burst_solo": [[1, 2], [3, 4]],
+             "top_two": {"solo_short": top_two([5, 6, 7], 2.0), "solo_long": top_two([8, 9, 10, 11], 2.0),
+                         "burst_solo": [top_two([1, 2], 2.0), top_two([3, 4], 2.0)]}}
+    plain["top_two"]["burst_solo"][1][1] = [[-0.5, 4], [-0.502, 5]]  # a near tie at burst_solo[1]'s token 1
+    edge = copy.deepcopy(plain)
+    edge["burst_solo"][1] = [3, 5]
+    edge["top_two"]["burst_solo"][1][1] = [[-0.5, 5], [-0.501, 4]]
+    results = {"tiny-h64-flashinfer": {"arms": {"plain": {"result": plain}, "edge-mps": {"result": edge}}}}
+    server_suite.judge(results)
+    entry = results["tiny-h64-flashinfer"]["arms"]["edge-mps"]
+    # The verdict is the token comparison's; the top two say what kind of difference it was.
+    assert not entry["passed"] and entry["mismatches"] == [f"burst_solo: {edge['burst_solo']} != {plain['burst_solo']}"]
+    assert entry["parting_points"] == [
+        "burst_solo[1] parts at token 1: plain chose 4, EdgeAcc 5; plain's top two 4 -0.5000, 5 -0.5020 "
+        "(gap 0.0020); EdgeAcc's 5 -0.5000, 4 -0.5010 (gap 0.0010)"]
+    assert any("where answers part" in line for line in server_suite.summary_lines(results))
+    # Equal answers: nothing to report, and the top two are never compared themselves.
+    same = {"tiny": {"arms": {"plain": {"result": plain}, "edge-mps": {"result": copy.deepcopy(plain)}}}}
+    same["tiny"]["arms"]["edge-mps"]["result"]["top_two"]["solo_long"][0][0][0] = -0.3
+    server_suite.judge(same)
+    assert same["tiny"]["arms"]["edge-mps"]["passed"] and same["tiny"]["arms"]["edge-mps"]["parting_points"] == []

@@ -128,6 +128,13 @@ def _gen(server, ids, n=16, **extra) -> dict:
     return server.generate(ids, max_new_tokens=n, **extra)
 
 
+def _top_two(server, ids, n=16) -> list:
+    """The greedy answer's top two [logprob, token] at every position: where two servers' answers part, whether
+    the place was a near tie (rounding may break it either way) or a real difference."""
+    out = server.generate(ids, max_new_tokens=n, return_logprob=True, top_logprobs_num=2)
+    return [[[entry[0], entry[1]] for entry in position] for position in out["meta_info"]["output_top_logprobs"]]
+
+
 def _abort_mid_stream(server, ids) -> int:
     """Stream a long request and drop the connection after two chunks; returns the chunks seen."""
     payload = {"input_ids": ids, "stream": True, "sampling_params": {"max_new_tokens": 400, "temperature": 0}}
@@ -178,6 +185,9 @@ def fingerprint(server, vocab: int, sensitive: bool) -> dict:
     # Concurrent requests share batches whose composition depends on timing; batched
     # kernels round differently from solo ones, and this model amplifies any rounding.
     out["burst_solo"] = [_gen(server, p)["output_ids"] for p in burst_prompts]
+    # Read only where answers part (``parting_points``); asked apart, so the answers above stay tokens-only.
+    out["top_two"] = {"solo_short": _top_two(server, short), "solo_long": _top_two(server, long),
+                      "burst_solo": [_top_two(server, p) for p in burst_prompts]}
     if sensitive:
         # The oracle guard: a page of tokens changed 50 positions back must change the answer.
         changed = serving_models.changed_context(long)
@@ -193,7 +203,7 @@ def compare(plain: dict, edge: dict) -> list[str]:
         if key.endswith("logprob_values"):
             if len(got or []) != len(expected) or any(abs(a - b) > LOGPROB_TOLERANCE for a, b in zip(got, expected)):
                 problems.append(f"{key}: {got} != {expected} (tolerance {LOGPROB_TOLERANCE})")
-        elif key == "aborted_chunks":
+        elif key in ("aborted_chunks", "top_two"):
             continue
         elif key == "burst":
             # A concurrent request must answer as plain sglang did for it in a batch or alone:
@@ -206,6 +216,39 @@ def compare(plain: dict, edge: dict) -> list[str]:
         elif got != expected:
             problems.append(f"{key}: {str(got)[:300]} != {str(expected)[:300]}")
     return problems
+
+
+def _first_difference(a: list, b: list):
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
+def parting_points(plain: dict, edge: dict) -> list[str]:
+    """Where EdgeAcc's solo answers part from plain's, each server's top two at that token.
+
+    A gap of a few thousandths between plain's two candidates is a near tie that the two
+    processes' kernels may break differently; a wide gap, or a token plain does not list,
+    is a real difference. Said beside the verdict, which it does not change.
+    """
+    plain_top, edge_top = plain.get("top_two") or {}, edge.get("top_two") or {}
+    pairs = [("solo_short", plain.get("solo_short"), edge.get("solo_short"), "solo_short", None),
+             ("solo_long", plain.get("solo_long"), edge.get("solo_long"), "solo_long", None)]
+    for j, (a, b) in enumerate(zip(plain.get("burst_solo") or [], edge.get("burst_solo") or [])):
+        pairs.append((f"burst_solo[{j}]", a, b, "burst_solo", j))
+    lines = []
+    for name, ours, theirs, key, index in pairs:
+        at = _first_difference(ours or [], theirs or [])
+        if at is None:
+            continue
+        tops = [top.get(key) for top in (plain_top, edge_top)]
+        tops = [t[index] if index is not None and t is not None else t for t in tops]
+        if any(t is None or at >= len(t) for t in tops):
+            lines.append(f"{name} parts at token {at}: no top two recorded there")
+            continue
+        (p1, p2), (e1, e2) = tops[0][at], tops[1][at]
+        lines.append(f"{name} parts at token {at}: plain chose {ours[at]}, EdgeAcc {theirs[at]}; plain's top two "
+                     f"{p1[1]} {p1[0]:.4f}, {p2[1]} {p2[0]:.4f} (gap {p1[0] - p2[0]:.4f}); EdgeAcc's "
+                     f"{e1[1]} {e1[0]:.4f}, {e2[1]} {e2[0]:.4f} (gap {e1[0] - e2[0]:.4f})")
+    return lines
 
 
 def self_checks(result: dict, sensitive: bool, expect_cache_hits: bool = True,
@@ -361,6 +404,7 @@ def judge(results: dict) -> None:
                                                                      entry["result"]["topk"])
                 else:
                     entry["mismatches"] = compare(plain, entry["result"])
+                    entry["parting_points"] = parting_points(plain, entry["result"])
                 entry["passed"] = not entry["mismatches"] and not entry.get("self_check_problems")
             else:
                 entry["passed"] = False
@@ -376,6 +420,8 @@ def summary_lines(results: dict) -> list[str]:
                 detail = [entry.get("cause") or entry["error"].strip().splitlines()[-1]]
             lines.append(f"{status} {name}/{arm} start {entry.get('started_s', '-')} s"
                          + (f": {'; '.join(detail)[:600]}" if detail else ""))
+            if entry.get("parting_points"):
+                lines.append(f"     where answers part: {'; '.join(entry['parting_points'])[:900]}")
     return lines
 
 
