@@ -17,7 +17,11 @@ waiting (saturating arrivals), and a decode batch of ``--decode-batch`` requests
                    KV pool through edge_acc.tensor_share (zero copies), prefills whole
                    prompts into the shared pool back to back and hands each first token
                    over with an edge_acc.ordering fence; -bn: the prefill side is an MPS
-                   client of below-normal priority (--prefill-priorities)
+                   client of below-normal priority (--prefill-priorities); -dhi: this process
+                   replays its decode steps on a stream of the highest priority the device
+                   has (--decode-stream-priorities): whether a stream priority, which a
+                   process can change from one step to the next, protects decode across
+                   MPS clients as the prefill side's fixed client priority does
 
 Prefill runs eager in the whole, chunked-C and EdgeAcc arms, with unfused kernels (K/V
 expanded per query head, masked attention over the prefix), so small eager chunks pay
@@ -36,6 +40,7 @@ with torch's profiler and splits each step into kernel time and gaps between ker
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -72,6 +77,9 @@ SHAPES = {
     "tiny": Qwen3Shape(hidden=128, layers=2, heads=4, kv_heads=2, head_dim=32, intermediate=256, vocab=512),
 }
 CHILD_TIMEOUT_S = 180
+# Stream priorities of the decode steps in the EdgeAcc arms; torch maps a priority beyond the
+# device's range to its nearest end, so -100 is the highest the device has.
+DECODE_STREAM_PRIORITIES = {"default": None, "high": -100}
 
 
 @dataclass(frozen=True)
@@ -295,9 +303,18 @@ def prefill_side_main(conn, bundle_bytes: bytes, shape: Qwen3Shape, prompt_len: 
     conn.close()
 
 
+def decode_stream(priority: str, device: torch.device) -> Optional[torch.cuda.Stream]:
+    """The stream the EdgeAcc arms replay decode steps on; None: the current one."""
+    value = DECODE_STREAM_PRIORITIES[priority]
+    if value is None or device.type != "cuda":
+        return None
+    return torch.cuda.Stream(device, priority=value)
+
+
 def run_edgeacc_mps(
     decode: DecodeRunner, shared: dict, shape: Qwen3Shape, prompt_len: int, share: int, seconds: float, device,
     priority: str = "normal", timelines: Optional[dict] = None, profile_steps_n: int = 0,
+    decode_priority: str = "default",
 ) -> ArmResult:
     # One export per importing process: torch counts each CUDA export as one consumer reference.
     bundle_bytes = pickle.dumps(export_tensors(shared))
@@ -315,25 +332,32 @@ def run_edgeacc_mps(
             raise TimeoutError(f"prefill side at {share}% did not get ready in {CHILD_TIMEOUT_S}s")
         _, child_sms, child_alloc = parent.recv()
         reader = ReadFence(device)
-        for _ in range(5):
-            decode.step()
-        parent.send("go")
-        itl, handoffs, last = [], 0, time.perf_counter()
-        end = last + seconds
-        while last < end:
-            while parent.poll(0):
-                kind, _first, token = parent.recv()
-                # The decode side would now read the new request's KV: order it after the prefill's writes.
-                reader.wait(token)
-                handoffs += 1
-            decode.step()
-            now = time.perf_counter()
-            itl.append(now - last)
-            last = now
-        timeline = None
-        if timelines is not None and profile_steps_n:
-            # Still beside a saturating prefill: the prefill side runs until told to stop.
-            timeline = profile_steps(decode.step, profile_steps_n, device.type == "cuda")
+        stream = decode_stream(decode_priority, device)
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream(device))
+        # Every decode step, its fence waits and its host sync run on that stream.
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            for _ in range(5):
+                decode.step()
+            parent.send("go")
+            itl, handoffs, last = [], 0, time.perf_counter()
+            end = last + seconds
+            while last < end:
+                while parent.poll(0):
+                    kind, _first, token = parent.recv()
+                    # The decode side would now read the new request's KV: order it after the prefill's writes.
+                    reader.wait(token)
+                    handoffs += 1
+                decode.step()
+                now = time.perf_counter()
+                itl.append(now - last)
+                last = now
+            timeline = None
+            if timelines is not None and profile_steps_n:
+                # Still beside a saturating prefill: the prefill side runs until told to stop.
+                timeline = profile_steps(decode.step, profile_steps_n, device.type == "cuda")
+        if stream is not None:
+            torch.cuda.current_stream(device).wait_stream(stream)
         parent.send("stop")
         deadline = time.monotonic() + CHILD_TIMEOUT_S
         while True:
@@ -348,7 +372,9 @@ def run_edgeacc_mps(
         if proc.is_alive():
             proc.kill()
     note = f"prefill side saw {child_sms} SMs; its own allocations {child_alloc / 2**20:.0f} MiB; {handoffs} fenced handoffs"
-    suffix = "" if priority == "normal" else "-bn"
+    if stream is not None:
+        note += f"; decode steps on a stream of priority {stream.priority}"
+    suffix = ("" if priority == "normal" else "-bn") + ("" if decode_priority == "default" else "-dhi")
     result = summarize(f"edgeacc-mps-{share}{suffix}", itl, tokens, elapsed, prompts, note)
     if timeline is not None:
         timelines[result.arm] = timeline
@@ -407,6 +433,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--prefill-priorities", default="normal",
                     help="MPS client priorities of the prefill side to run each share at (normal,below-normal); "
                     "below-normal arms are named edgeacc-mps-P-bn")
+    ap.add_argument("--decode-stream-priorities", default="default",
+                    help="stream priorities of the EdgeAcc arms' decode steps, comma-separated "
+                    f"({','.join(DECODE_STREAM_PRIORITIES)}); high arms are named ...-dhi")
     ap.add_argument("--kernel-profile-steps", type=int, default=0,
                     help="profile this many decode steps of the decode-only and EdgeAcc arms (kernel time and "
                     "the gaps between kernels); 0: off")
@@ -466,11 +495,16 @@ def main(argv: Optional[list[str]] = None) -> int:
                 continue
             logger.info("%s", rows[-1])
     shared = {**{f"w.{k}": v for k, v in weights.items()}, **{k: v for k, v in pool.items() if k.startswith("p")}}
+    decode_priorities = [p for p in args.decode_stream_priorities.split(",") if p]
+    unknown = sorted(set(decode_priorities) - set(DECODE_STREAM_PRIORITIES))
+    if unknown:
+        ap.error(f"--decode-stream-priorities: unknown {unknown}; known: {sorted(DECODE_STREAM_PRIORITIES)}")
     for priority in [p for p in args.prefill_priorities.split(",") if p]:
-        for share in [int(x) for x in args.mps_shares.split(",") if x]:
-            rows.append(run_edgeacc_mps(decode, shared, shape, args.prompt_len, share, args.seconds, device, priority,
-                                        timelines, args.kernel_profile_steps))
-            logger.info("%s", rows[-1])
+        for decode_priority in decode_priorities:
+            for share in [int(x) for x in args.mps_shares.split(",") if x]:
+                rows.append(run_edgeacc_mps(decode, shared, shape, args.prompt_len, share, args.seconds, device,
+                                            priority, timelines, args.kernel_profile_steps, decode_priority))
+                logger.info("%s", rows[-1])
 
     base = rows[0]
     whole = next((r for r in rows if r.arm == "whole"), None)

@@ -10,7 +10,8 @@
 #                                 --gpu-share (each EdgeAcc side's TFLOP/s and GB/s from its work counters);
 #                                 BENCH_SHAPE=32b serves Qwen3-32B's shape instead of Qwen3-8B's
 #   mps-priority                  benchmarks.latency_physics, prefill side at normal and below-normal priority;
-#                                 KERNEL_PROFILE_STEPS=N adds each arm's decode kernel time and gaps (kernel_timeline)
+#                                 KERNEL_PROFILE_STEPS=N adds each arm's decode kernel time and gaps (kernel_timeline);
+#                                 DECODE_STREAM_PRIORITIES=default,high also replays decode on a high-priority stream
 #   context-memory                benchmarks.context_memory, a plain process and an MPS client: what a process's
 #                                 CUDA context costs before it allocates anything
 #   faults[:CASES]                tests.gpu.faults (CASES comma-separated, default kill,aborts,pressure,bad,soak;
@@ -103,7 +104,8 @@ run_one() {  # index, kind, a, b
         CUDA_MPS_LOG_DIRECTORY="$EDGEACC_SUITE_MPS_LOG" PYTHONPATH=python python3 -m benchmarks.latency_physics \
         --device cuda:0 --chunks 2048 --no-graphed-chunks --mps-shares 80,100 \
         --prefill-priorities normal,below-normal --seconds 4 --out "$WORK/logs" \
-        ${KERNEL_PROFILE_STEPS:+--kernel-profile-steps "$KERNEL_PROFILE_STEPS"}
+        ${KERNEL_PROFILE_STEPS:+--kernel-profile-steps "$KERNEL_PROFILE_STEPS"} \
+        ${DECODE_STREAM_PRIORITIES:+--decode-stream-priorities "$DECODE_STREAM_PRIORITIES"}
       cp "$WORK/logs/latency_physics.json" "$OUT/mps_priority$i.json" 2>/dev/null ;;
     context-memory)
       run_step "context_memory${i}_plain" 120 python3 -m benchmarks.context_memory --out "$OUT/context_memory${i}_plain.json"
