@@ -441,6 +441,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                     "the gaps between kernels); 0: off")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args(argv)
+    decode_priorities = [p for p in args.decode_stream_priorities.split(",") if p]
+    unknown = sorted(set(decode_priorities) - set(DECODE_STREAM_PRIORITIES))
+    if unknown:
+        ap.error(f"--decode-stream-priorities: unknown {unknown}; known: {sorted(DECODE_STREAM_PRIORITIES)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     device = torch.device(args.device)
@@ -495,10 +499,6 @@ def main(argv: Optional[list[str]] = None) -> int:
                 continue
             logger.info("%s", rows[-1])
     shared = {**{f"w.{k}": v for k, v in weights.items()}, **{k: v for k, v in pool.items() if k.startswith("p")}}
-    decode_priorities = [p for p in args.decode_stream_priorities.split(",") if p]
-    unknown = sorted(set(decode_priorities) - set(DECODE_STREAM_PRIORITIES))
-    if unknown:
-        ap.error(f"--decode-stream-priorities: unknown {unknown}; known: {sorted(DECODE_STREAM_PRIORITIES)}")
     for priority in [p for p in args.prefill_priorities.split(",") if p]:
         for decode_priority in decode_priorities:
             for share in [int(x) for x in args.mps_shares.split(",") if x]:
