@@ -161,3 +161,58 @@ def test_the_decode_side_fails_only_the_requests_that_hold_an_unsendable_part():
 
     reqs = [SimpleNamespace(rid=f"r{i}", to_finish=None) for i in range(2)]
     assert fail_unsendable_requests(reqs, (UnsendablePart("batch.lock", "lock", None),), "[test]") == reqs
+
+
+def _python_calls(action) -> int:
+    import sys
+
+    calls = 0
+
+    def count(frame, event, arg):
+        nonlocal calls
+        calls += event == "call"
+
+    sys.setprofile(count)
+    try:
+        action()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_packing_makes_no_python_call_per_token():
+    # A retracted request comes back to prefill with the tokens it had generated, in a plain list.
+    short, long = _processor_batch(), _processor_batch()
+    for req in short.reqs:
+        req.output_ids = list(range(10))
+    for req in long.reqs:
+        req.output_ids = list(range(5_000))
+    extra = _python_calls(lambda: pack_prefill_batch(long)) - _python_calls(lambda: pack_prefill_batch(short))
+    # 14,970 more tokens; a hook called per object would make that many more calls.
+    assert extra < 100, extra
+    received = unpack_prefill_batch(pack_prefill_batch(long), _local())
+    assert [list(r.output_ids) for r in received.reqs] == [list(range(5_000))] * 3
+
+
+def test_a_part_left_out_may_be_a_plain_container():
+    from sglang_edgeacc.edge_acc_server.batch_codec import PrefillBatchNotSendable
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise TypeError("built to be unpicklable")
+
+    batch = _processor_batch()
+    nested = [Unpicklable()]
+    for _ in range(7):
+        nested = [nested]
+    # The search for the smallest unpicklable part stops this deep, at a plain list.
+    batch.reqs[0].payload = nested
+    with pytest.raises(PrefillBatchNotSendable) as caught:
+        pack_prefill_batch(batch)
+    (part,) = caught.value.parts
+    assert part.type_name == "list" and part.req_index == 0
+    received = unpack_prefill_batch(pack_prefill_batch(batch, leave_out=caught.value.object_ids), _local())
+    assert [r.rid for r in received.reqs] == ["r0", "r1", "r2"]
+    inner = received.reqs[0].payload
+    while inner is not None:
+        inner = inner[0]  # down to the part sent as None

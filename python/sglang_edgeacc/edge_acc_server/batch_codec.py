@@ -13,7 +13,10 @@ sglang puts into the request's ``custom_params`` as a reference to the request
 unpacked with it. Every tensor travels as its own elements only, never the whole storage it may
 be a view of (an allocator's free list, a pool-sized buffer). Everything else
 (requests, sampling parameters) is pickled as is, so a message grows with the
-batch, not with the tokenizer or the pool.
+batch, not with the tokenizer or the pool. All of this is decided in the
+pickler's ``reducer_override``, which pickle does not call for ints, strings and
+plain containers: plain data (the token ids a retracted request brings back,
+the batch's length lists) is written at C speed, not through a Python call per item.
 """
 
 from __future__ import annotations
@@ -130,7 +133,16 @@ def _request_references(batch) -> dict[int, int]:
     return references
 
 
+def _local_object(tag: str):
+    """Stands for a process-local object in a message; :func:`unpack_prefill_batch` binds it to its own."""
+    raise pickle.UnpicklingError(f"a prefill batch message refers to the unpacking process's {tag}: "
+                                 "unpack it with unpack_prefill_batch")
+
+
 class _BatchPickler(pickle.Pickler):
+    # No persistent_id: pickle calls it for every object, each int of a list included, where
+    # reducer_override is not called for ints, strings and plain containers.
+
     def __init__(self, file, local_types: dict[type, str], parts: Optional[_BatchParts] = None):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self._local_types = local_types
@@ -144,6 +156,9 @@ class _BatchPickler(pickle.Pickler):
                 return NotImplemented
             self._compacted.append(compact)
             return compact.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+        tag = self._local_tag(obj)
+        if tag is not None:
+            return _local_object, (tag,)
         parts = self._parts
         if parts.processor_sources:
             source = parts.processor_sources.get(id(type(obj)))
@@ -157,9 +172,9 @@ class _BatchPickler(pickle.Pickler):
         stand_in = parts.grammar_masks.get(id(obj)) if parts.grammar_masks else None
         return NotImplemented if stand_in is None else stand_in.__reduce__()
 
-    def persistent_id(self, obj):
-        if isinstance(obj, (torch.Tensor, str, bytes, int, float, list, tuple, dict)):
-            return None
+    def _local_tag(self, obj) -> Optional[str]:
+        if isinstance(obj, (str, bytes, int, float, list, tuple, dict)):
+            return None  # their subclasses (enums, named tuples) are data, whatever module defines them
         parts = self._parts
         if parts.left_out and id(obj) in parts.left_out:
             return LEFT_OUT
@@ -177,12 +192,30 @@ class _BatchPickler(pickle.Pickler):
         return None
 
 
+class _LeavingOutPickler(_BatchPickler):
+    """Leaves out parts that may be ints, strings or plain containers too, which reducer_override never sees.
+
+    Only for a batch some of whose requests fail anyway (:class:`PrefillBatchNotSendable`).
+    """
+
+    def persistent_id(self, obj):
+        return LEFT_OUT if id(obj) in self._parts.left_out else None
+
+
 class _BatchUnpickler(pickle.Unpickler):
     def __init__(self, file, local: LocalObjects):
         super().__init__(file)
         self._local = local
 
+    def find_class(self, module, name):
+        if module == __name__ and name == _local_object.__name__:
+            return self._bind
+        return super().find_class(module, name)
+
     def persistent_load(self, tag):
+        return self._bind(tag)
+
+    def _bind(self, tag: str):
         if tag in (LOCAL_ONLY, BACK_REFERENCE, LEFT_OUT):
             return None
         return getattr(self._local, tag)
@@ -225,7 +258,8 @@ def _batch_parts(batch, tokenizer, leave_out: frozenset[int] = frozenset()) -> _
 
 def _dump(obj, parts: _BatchParts) -> bytes:
     buffer = io.BytesIO()
-    _BatchPickler(buffer, _local_types(), parts).dump(obj)
+    pickler = _LeavingOutPickler if parts.left_out else _BatchPickler
+    pickler(buffer, _local_types(), parts).dump(obj)
     return buffer.getvalue()
 
 
