@@ -216,3 +216,47 @@ def test_a_part_left_out_may_be_a_plain_container():
     inner = received.reqs[0].payload
     while inner is not None:
         inner = inner[0]  # down to the part sent as None
+
+
+class _SentFromDevice:
+    """Pickles as the packer sends a device tensor (its host copy, then where to rebuild it); on the CPU
+    the packer never meets a device tensor, so this stands in for one."""
+
+    def __init__(self, host: torch.Tensor):
+        self.host = host
+
+    def __reduce__(self):
+        from sglang_edgeacc.edge_acc_server import batch_codec
+
+        return batch_codec._device_tensor, (self.host, "cpu")
+
+
+class _RecordingPlacement:
+    def __init__(self):
+        self.placed = []
+
+    def place(self, host, device):
+        tensor = host.to(device).clone()
+        self.placed.append((tensor, device))
+        return tensor
+
+
+def test_every_device_tensor_of_a_message_is_rebuilt_where_the_unpacker_places_it():
+    import pickle
+
+    shared = _SentFromDevice(torch.arange(6))
+    message = pickle.dumps(SimpleNamespace(
+        reqs=[], sampling_info=None, input_ids=shared, again=shared, seq_lens=_SentFromDevice(torch.tensor([3, 3])),
+        on_host=torch.ones(2)))
+    placement = _RecordingPlacement()
+    local = LocalObjects(req_to_token_pool=None, token_to_kv_pool=None, token_to_kv_pool_allocator=None,
+                         model_config=None)
+    batch = unpack_prefill_batch(message, local, placement)
+    # Each device tensor once, the one sent twice still one tensor; a host tensor stays where it was.
+    assert [device for _, device in placement.placed] == ["cpu", "cpu"]
+    assert batch.input_ids is placement.placed[0][0] and batch.again is batch.input_ids
+    assert torch.equal(batch.input_ids, torch.arange(6)) and torch.equal(batch.seq_lens, torch.tensor([3, 3]))
+    assert torch.equal(batch.on_host, torch.ones(2))
+    # Without a placement (a plain unpickling) the tensor is rebuilt on its device all the same.
+    plain = unpack_prefill_batch(message, local)
+    assert torch.equal(plain.input_ids, torch.arange(6)) and plain.again is plain.input_ids

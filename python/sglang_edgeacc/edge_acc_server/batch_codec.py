@@ -11,8 +11,9 @@ deserializes it into an object of a class a user may have defined inside a
 function, which pickle cannot name), and the reference to its request that
 sglang puts into the request's ``custom_params`` as a reference to the request
 unpacked with it. Every tensor travels as its own elements only, never the whole storage it may
-be a view of (an allocator's free list, a pool-sized buffer). Everything else
-(requests, sampling parameters) is pickled as is, so a message grows with the
+be a view of (an allocator's free list, a pool-sized buffer); a device tensor travels as its
+host copy and is rebuilt on the device where the unpacker places it (:class:`CopyStreamPlacement`).
+Everything else (requests, sampling parameters) is pickled as is, so a message grows with the
 batch, not with the tokenizer or the pool. All of this is decided in the
 pickler's ``reducer_override``, which pickle does not call for ints, strings and
 plain containers: plain data (the token ids a retracted request brings back,
@@ -67,6 +68,34 @@ class LocalObjects:
     token_to_kv_pool_allocator: Any
     model_config: Any
     tokenizer: Any = None
+
+
+def _device_tensor(host: torch.Tensor, device: str) -> torch.Tensor:
+    """A device tensor of a message, rebuilt by an unpacker that places none (a plain ``pickle.loads``)."""
+    return host.to(device)
+
+
+class CopyStreamPlacement:
+    """Rebuilds a message's device tensors on a copy stream of their own.
+
+    torch rebuilds an unpickled device tensor with a copy on the current stream that
+    the host waits for, so on a side that still runs the batch before, unpacking the
+    next one waits for that whole forward. On a stream of its own the copy waits for
+    nothing else, so the next batch is ready to launch behind the running one. Each
+    tensor is then marked as used on the stream current here, where the forward reads
+    it: its memory comes from the copy stream's pool, and the allocator must not give it
+    to the next message while a forward queued on the other stream may still read it.
+    """
+
+    def __init__(self, device: torch.device):
+        self._stream = torch.cuda.Stream(device)
+
+    def place(self, host: torch.Tensor, device: str) -> torch.Tensor:
+        with torch.cuda.stream(self._stream):
+            tensor = host.to(device)  # from pageable memory: returns once the copy is done
+        if tensor.is_cuda:
+            tensor.record_stream(torch.cuda.current_stream(tensor.device))
+        return tensor
 
 
 def _compact(tensor: torch.Tensor) -> torch.Tensor:
@@ -151,6 +180,10 @@ class _BatchPickler(pickle.Pickler):
 
     def reducer_override(self, obj):
         if isinstance(obj, torch.Tensor) and type(obj) is torch.Tensor:
+            if obj.is_cuda and not obj.requires_grad:
+                host = obj.cpu()  # the tensor's own elements, also of a view
+                self._compacted.append(host)
+                return _device_tensor, (host, str(obj.device))
             compact = _compact(obj)
             if compact is obj:
                 return NotImplemented
@@ -203,13 +236,16 @@ class _LeavingOutPickler(_BatchPickler):
 
 
 class _BatchUnpickler(pickle.Unpickler):
-    def __init__(self, file, local: LocalObjects):
+    def __init__(self, file, local: LocalObjects, placement: Optional[CopyStreamPlacement] = None):
         super().__init__(file)
         self._local = local
+        self._placement = placement
 
     def find_class(self, module, name):
         if module == __name__ and name == _local_object.__name__:
             return self._bind
+        if self._placement is not None and module == __name__ and name == _device_tensor.__name__:
+            return self._placement.place
         return super().find_class(module, name)
 
     def persistent_load(self, tag):
@@ -329,8 +365,9 @@ def _unpicklable_leaves(obj, path: str, parts: _BatchParts, skip: Optional[set[i
     return leaves or [(path, obj)]
 
 
-def unpack_prefill_batch(data: bytes, local: LocalObjects):
-    batch = _BatchUnpickler(io.BytesIO(data), local).load()
+def unpack_prefill_batch(data: bytes, local: LocalObjects, placement: Optional[CopyStreamPlacement] = None):
+    """The batch ``data`` holds, bound to ``local``; its device tensors rebuilt through ``placement`` if given."""
+    batch = _BatchUnpickler(io.BytesIO(data), local, placement).load()
     orchestrator = getattr(batch.sampling_info, "penalizer_orchestrator", None)
     if orchestrator is not None and hasattr(orchestrator, "_batch_ref"):
         # The penalizers reach their batch through this reference.

@@ -26,7 +26,7 @@ from sglang_edgeacc.edge_acc.ordering import ReadFence
 from sglang_edgeacc.edge_acc.sm_partition import green_context_stream_from_env
 from sglang_edgeacc.edge_acc.tensor_share import import_tensors
 from sglang_edgeacc.edge_acc_server import roles
-from sglang_edgeacc.edge_acc_server.batch_codec import LocalObjects, unpack_prefill_batch
+from sglang_edgeacc.edge_acc_server.batch_codec import CopyStreamPlacement, LocalObjects, unpack_prefill_batch
 from sglang_edgeacc.edge_acc_server.channel import SideChannel
 from sglang_edgeacc.edge_acc_server.child_failure import die_with_decode_side
 from sglang_edgeacc.edge_acc_server.graph_phases import skip_unused_graph_phase
@@ -94,6 +94,7 @@ class PrefillSideScheduler(EdgeAccSchedulerBase):
         # Made once the pools exist (init_memory_pools).
         self._edge_read_fence: ReadFence | None = None
         self._edge_green_stream = None
+        self._edge_placement: CopyStreamPlacement | None = None  # where a batch's device tensors are rebuilt
         self._edge_graph_bytes = 0
         self._edge_last_finish = 0.0  # perf_counter when the last reply was built
         self._edge_prefill_connect()
@@ -157,6 +158,7 @@ class PrefillSideScheduler(EdgeAccSchedulerBase):
         self._edge_read_fence = ReadFence(runner.device)
         device = runner_gpu(runner)
         if device.type == "cuda":
+            self._edge_placement = CopyStreamPlacement(device)
             # --edge-acc-sm-partition green-context: every prefill forward runs
             # on a stream confined to this side's share of the SMs.
             self._edge_green_stream = green_context_stream_from_env(
@@ -194,10 +196,9 @@ class PrefillSideScheduler(EdgeAccSchedulerBase):
 
         A batch that arrives while the previous one still runs on the device is taken and
         launched behind it before the previous one's tokens are read, as upstream's overlap
-        schedule launches its next batch. Unpacking it still waits for the device (torch
-        rebuilds the message's device tensors with synchronous copies), so what overlaps
-        today is its launch with the previous batch's reply. Replies leave in the order the
-        batches came.
+        schedule launches its next batch. Its device tensors are rebuilt on a copy stream
+        of their own (:class:`CopyStreamPlacement`), so unpacking it does not wait for the
+        forward on the device. Replies leave in the order the batches came.
         """
         launched: deque[_Launched] = deque()
         while True:
@@ -257,7 +258,7 @@ class PrefillSideScheduler(EdgeAccSchedulerBase):
 
     def _edge_unpack_work(self, work: PrefillWork, local: LocalObjects):
         assert isinstance(work, PrefillWork), type(work)
-        return unpack_prefill_batch(work.batch, local)
+        return unpack_prefill_batch(work.batch, local, self._edge_placement)
 
     def _edge_serve(self, work: PrefillWork, local: LocalObjects, batch=None, taken_at: float = 0.0) -> None:
         launched = self._edge_guarded(work, self._edge_launch_prefill, work, local, batch, taken_at, overlap=False)
