@@ -153,7 +153,7 @@ class PrefillSideScheduler(EdgeAccSchedulerBase):
         self._edge_shared.verify(self.tp_worker.model_runner)
 
     def _edge_prefill_adopt(self) -> None:
-        """After the pools exist, before attention backends and graphs: fences and the SM split."""
+        """After the pools exist, before attention backends and graphs: fences, the copy stream and the SM split."""
         runner = self.tp_worker.model_runner
         self._edge_read_fence = ReadFence(runner.device)
         device = runner_gpu(runner)
