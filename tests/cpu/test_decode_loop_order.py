@@ -44,7 +44,7 @@ class _RecordingLink:
     def check_alive(self):
         pass
 
-    def wait_readable(self, timeout_ms):
+    def wait_readable(self, timeout_ms, also=()):
         return False
 
     def stop(self):
@@ -78,6 +78,9 @@ class _RecordingDecodeSide(DecodeSideScheduler):
     # the scheduler around the loop
     def ingest_requests(self):
         pass
+
+    def _edge_request_sockets(self):
+        return ()
 
     def _edge_collect_prefill(self):
         pass
@@ -186,30 +189,34 @@ class _Clock:
 
 
 class _BusyLink(_RecordingLink):
-    """A prefill side always busy; its reply arrives during the wait before step ``reply_before_step``."""
+    """A prefill side always busy; its reply arrives during the wait before step ``reply_before_step``,
+    and a request on one of the sockets the wait also watches before step ``request_before_step``."""
 
     busy = True
     replies_taken_alone = True
 
-    def __init__(self, events, clock, side, reply_before_step):
+    def __init__(self, events, clock, side, reply_before_step, request_before_step=0):
         super().__init__(events)
         self._clock, self._side, self._reply_before = clock, side, reply_before_step
+        self._request_before = request_before_step
 
-    def wait_readable(self, timeout_ms):
-        if self._side._next == self._reply_before and ("reply", self._reply_before) not in self._events:
-            self._clock.now += timeout_ms / 2000  # halfway through the wait
-            self._events.append(("reply", self._reply_before))
-            return True
+    def wait_readable(self, timeout_ms, also=()):
+        for what, before, watched in (("reply", self._reply_before, True),
+                                      ("request", self._request_before, bool(also))):
+            if watched and self._side._next == before and (what, before) not in self._events:
+                self._clock.now += timeout_ms / 2000  # halfway through the wait
+                self._events.append((what, before))
+                return True
         self._clock.now += timeout_ms / 1000
         self._events.append(("waited", round(timeout_ms)))
         return False
 
 
-def _paced_side(prefill_busy: bool, reply_before_step: int = 0):
+def _paced_side(prefill_busy: bool, reply_before_step: int = 0, request_before_step: int = 0):
     clock = _Clock()
     side = _RecordingDecodeSide(overlap=True, steps=4)
     side.decode_pacer = DecodePacer(itl_slo_ms=50.0, clock=clock)
-    side.prefill_link = _BusyLink(side.events, clock, side, reply_before_step)
+    side.prefill_link = _BusyLink(side.events, clock, side, reply_before_step, request_before_step)
     side.prefill_link.busy = prefill_busy
     # No prompt queues behind the batch in flight: a lone prompt's prefill is paced for too.
     side.waiting_queue = []
@@ -252,6 +259,73 @@ def test_a_prefill_reply_during_the_wait_is_taken_before_the_next_step():
     # out the rest of the interval before step 3.
     assert collected.count(3) == 2, collected
     assert ev[_at(ev, "reply", 3) + 1:_at(ev, "run", 3)] == [("waited", 15)], ev
+
+
+@pytest.mark.parametrize("watched", [True, False])
+def test_a_request_during_the_wait_is_handed_over_before_the_next_step(watched):
+    side, _ = _paced_side(prefill_busy=True, request_before_step=3)
+    side._edge_request_sockets = lambda: ("the tokenizer's socket",) if watched else ()
+    dispatched = []
+    side._edge_dispatch_prefill = lambda: dispatched.append(side._next)
+    side.event_loop_edge_acc_decode()
+    ev = side.events
+    if not watched:  # the control: the request waits in its socket until the step has run
+        assert dispatched.count(3) == 1 and ("request", 3) not in ev, (dispatched, ev)
+        return
+    # The loop went round once more to admit the request and hand it over, then waited out the rest
+    # of the interval before step 3.
+    assert dispatched.count(3) == 2, dispatched
+    assert ev[_at(ev, "request", 3) + 1:_at(ev, "run", 3)] == [("waited", 15)], ev
+
+
+def test_the_wait_watches_the_sockets_upstream_receives_requests_on():
+    import zmq
+
+    context = zmq.Context.instance()
+    tokenizer, rpc = context.socket(zmq.PULL), context.socket(zmq.DEALER)
+    try:
+        side = DecodeSideScheduler.__new__(DecodeSideScheduler)
+        side.recv_skipper = None
+        side.recv_from_tokenizer = tokenizer
+        side.ipc_channels = SimpleNamespace(recv_from_rpc=rpc)
+        assert side._edge_request_sockets() == (tokenizer, rpc)
+        # Not on a rank that receives nothing, nor from the Rust server's ring, nor where upstream
+        # receives only every few passes (a request left unread would end every wait at once).
+        side.recv_from_tokenizer, side.ipc_channels = object(), SimpleNamespace(recv_from_rpc=None)
+        assert side._edge_request_sockets() == ()
+        side.recv_from_tokenizer, side.recv_skipper = tokenizer, object()
+        assert side._edge_request_sockets() == ()
+    finally:
+        tokenizer.close(linger=0)
+        rpc.close(linger=0)
+
+
+def test_a_message_on_a_watched_socket_ends_the_channels_wait():
+    import time
+
+    import zmq
+
+    from sglang_edgeacc.edge_acc_server.channel import SideChannel, new_endpoint
+
+    context = zmq.Context.instance()
+    endpoint = f"inproc://edgeacc-requests-{id(context)}"
+    pull, push = context.socket(zmq.PULL), context.socket(zmq.PUSH)
+    channel = SideChannel(new_endpoint(), bind=True)
+    try:
+        pull.bind(endpoint)
+        push.connect(endpoint)
+        start = time.monotonic()
+        assert channel.wait_readable(200, also=(pull,)) is False  # nothing anywhere: the whole wait
+        assert time.monotonic() - start >= 0.15
+        push.send(b"a request")
+        start = time.monotonic()
+        assert channel.wait_readable(2000, also=(pull,)) is True
+        assert time.monotonic() - start < 1.0
+        assert channel.wait_readable(0) is False  # the channel itself still has nothing
+    finally:
+        for socket in (pull, push):
+            socket.close(linger=0)
+        channel.close()
 
 
 def test_a_retracting_pause_right_after_a_reply_taken_during_the_wait():

@@ -8,7 +8,7 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import zmq
 
@@ -27,6 +27,7 @@ class SideChannel:
         self._context = zmq.Context.instance()
         self._socket = self._context.socket(zmq.PAIR)
         self._socket.setsockopt(zmq.LINGER, 0)
+        self._pollers: dict[tuple[int, ...], zmq.Poller] = {}
         if bind:
             self._socket.bind(endpoint)
         else:
@@ -73,8 +74,17 @@ class SideChannel:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"no {what} from the other EdgeAcc side within {timeout_s:.0f} s")
 
-    def wait_readable(self, timeout_ms: int) -> bool:
-        return bool(self._socket.poll(timeout_ms))
+    def wait_readable(self, timeout_ms: int, also: Sequence[zmq.Socket] = ()) -> bool:
+        """Whether a message is waiting here, or on one of ``also``, within ``timeout_ms``."""
+        if not also:
+            return bool(self._socket.poll(timeout_ms))
+        key = tuple(map(id, also))
+        poller = self._pollers.get(key)
+        if poller is None:
+            poller = self._pollers[key] = zmq.Poller()
+            for socket in (self._socket, *also):
+                poller.register(socket, zmq.POLLIN)
+        return bool(poller.poll(timeout_ms))
 
     def close(self) -> None:
         self._socket.close(linger=0)

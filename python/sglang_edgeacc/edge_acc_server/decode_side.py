@@ -234,6 +234,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         # that the one pending result finishes by length.
         self.enable_skip_finishing_decode = overlap
         self._edge_choose_depth()
+        self._edge_wake_sockets = self._edge_request_sockets()
         logger.info("%s decode loop, overlap schedule %s", self._edge_log_prefix(), "on" if overlap else "off")
         try:
             while not self.gracefully_exit:
@@ -290,15 +291,31 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         logger.info("%s prefill batches in flight: up to %d%s", self._edge_log_prefix(), depth,
                     f" ({why_not_more})" if depth < asked else "")
 
+    def _edge_request_sockets(self) -> tuple:
+        """The sockets upstream receives requests on, where a request may end a pacing wait.
+
+        None where upstream receives only every few passes (``--scheduler-recv-interval``:
+        a request left unread would end every wait at once) or from something that is not
+        a ZeroMQ socket (the embedded Rust server's ring); ranks without them have none.
+        """
+        import zmq
+
+        if getattr(self, "recv_skipper", None) is not None:
+            return ()
+        channels = getattr(self, "ipc_channels", None)
+        candidates = (getattr(self, "recv_from_tokenizer", None), getattr(channels, "recv_from_rpc", None))
+        return tuple(socket for socket in candidates if isinstance(socket, zmq.Socket))
+
     def _edge_pace(self) -> bool:
         """Wait before the next decode step while the prefill side has a batch (``decode_pacing``).
 
-        Returns False when a prefill reply ended the wait, so the loop takes it and
-        hands over the next batch before this step. A reply is taken early only where
-        this rank takes replies alone and steps without DP attention's per-step sync;
-        elsewhere an extra pass through the loop could enter a collective the other
-        ranks do not, so the wait runs out (the decode forward after it brings the
-        ranks together).
+        Returns False when a prefill reply or a new request ended the wait, so the loop
+        takes the reply or admits the request and hands over the next batch before this
+        step (the wait goes on after it, from the same last step). A wait ends early only
+        where this rank takes replies alone and steps without DP attention's per-step
+        sync; elsewhere an extra pass through the loop could enter a collective the other
+        ranks do not, so the wait runs out (the decode forward after it brings the ranks
+        together).
         """
         if self.decode_pacer.next_step(self.prefill_link.busy).wait_s <= 0:
             return True
@@ -312,7 +329,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         if wait_s <= 0:
             return True
         if self.prefill_link.replies_taken_alone and not self.require_mlp_sync:
-            return not self.prefill_link.wait_readable(max(1, round(wait_s * 1000)))
+            return not self.prefill_link.wait_readable(max(1, round(wait_s * 1000)), also=self._edge_wake_sockets)
         time.sleep(wait_s)
         return True
 

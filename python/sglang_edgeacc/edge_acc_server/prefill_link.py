@@ -247,8 +247,9 @@ class PrefillLink:
             raise RuntimeError(f"prefill reply {reply.seq} does not answer batch {inflight.seq}")
         return inflight, reply
 
-    def wait_readable(self, timeout_ms: int) -> bool:
-        return self._channel.wait_readable(timeout_ms)
+    def wait_readable(self, timeout_ms: int, also=()) -> bool:
+        """Whether a reply (or a message on one of the sockets ``also``) is waiting within ``timeout_ms``."""
+        return self._channel.wait_readable(timeout_ms, also)
 
     @property
     def replies_taken_alone(self) -> bool:
