@@ -285,10 +285,18 @@ def test_the_wait_watches_the_sockets_upstream_receives_requests_on():
     tokenizer, rpc = context.socket(zmq.PULL), context.socket(zmq.DEALER)
     try:
         side = DecodeSideScheduler.__new__(DecodeSideScheduler)
+        side.prefill_link = SimpleNamespace(replies_taken_alone=True)
+        side.require_mlp_sync = False
         side.recv_skipper = None
         side.recv_from_tokenizer = tokenizer
         side.ipc_channels = SimpleNamespace(recv_from_rpc=rpc)
         assert side._edge_request_sockets() == (tokenizer, rpc)
+        # Not where the ranks of a group step together.
+        for link, mlp_sync in ((SimpleNamespace(replies_taken_alone=False), False),
+                               (SimpleNamespace(replies_taken_alone=True), True)):
+            side.prefill_link, side.require_mlp_sync = link, mlp_sync
+            assert side._edge_request_sockets() == ()
+        side.prefill_link, side.require_mlp_sync = SimpleNamespace(replies_taken_alone=True), False
         # Not on a rank that receives nothing, nor from the Rust server's ring, nor where upstream
         # receives only every few passes (a request left unread would end every wait at once).
         side.recv_from_tokenizer, side.ipc_channels = object(), SimpleNamespace(recv_from_rpc=None)

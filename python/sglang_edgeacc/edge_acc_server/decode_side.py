@@ -39,7 +39,7 @@ from sglang_edgeacc.flags import get_flags
 logger = logging.getLogger(__name__)
 
 # While a prefill is in flight and there is nothing to decode, wait on the
-# channel rather than spin.
+# channel (and the request sockets) rather than spin.
 IDLE_WAIT_MS = 5
 
 
@@ -272,7 +272,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
                     self.decode_pacer.idle()
                     self.decode_clock.idle()
                     if self.prefill_link.busy:
-                        self.prefill_link.wait_readable(IDLE_WAIT_MS)
+                        self.prefill_link.wait_readable(IDLE_WAIT_MS, also=self._edge_wake_sockets)
                     elif self.last_batch is None:
                         self._sched_idled = True
                         self.on_idle()
@@ -292,14 +292,17 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
                     f" ({why_not_more})" if depth < asked else "")
 
     def _edge_request_sockets(self) -> tuple:
-        """The sockets upstream receives requests on, where a request may end a pacing wait.
+        """The sockets upstream receives requests on, where a request ends the loop's waits.
 
-        None where upstream receives only every few passes (``--scheduler-recv-interval``:
-        a request left unread would end every wait at once) or from something that is not
-        a ZeroMQ socket (the embedded Rust server's ring); ranks without them have none.
+        None where the ranks of a group step together (a rank going round on its own could
+        enter a collective the others do not), where upstream receives only every few passes
+        (``--scheduler-recv-interval``: a request left unread would end every wait at once),
+        or from something that is not a ZeroMQ socket (the embedded Rust server's ring).
         """
         import zmq
 
+        if not self.prefill_link.replies_taken_alone or self.require_mlp_sync:
+            return ()
         if getattr(self, "recv_skipper", None) is not None:
             return ()
         channels = getattr(self, "ipc_channels", None)
