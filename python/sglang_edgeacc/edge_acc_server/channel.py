@@ -27,7 +27,7 @@ class SideChannel:
         self._context = zmq.Context.instance()
         self._socket = self._context.socket(zmq.PAIR)
         self._socket.setsockopt(zmq.LINGER, 0)
-        self._pollers: dict[tuple[int, ...], zmq.Poller] = {}
+        self._pollers: dict[tuple, zmq.Poller] = {}  # by the sockets watched beside this one
         if bind:
             self._socket.bind(endpoint)
         else:
@@ -78,7 +78,7 @@ class SideChannel:
         """Whether a message is waiting here, or on one of ``also``, within ``timeout_ms``."""
         if not also:
             return bool(self._socket.poll(timeout_ms))
-        key = tuple(map(id, also))
+        key = tuple(also)
         poller = self._pollers.get(key)
         if poller is None:
             poller = self._pollers[key] = zmq.Poller()

@@ -303,10 +303,9 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
 
         if not self.prefill_link.replies_taken_alone or self.require_mlp_sync:
             return ()
-        if getattr(self, "recv_skipper", None) is not None:
+        if self.recv_skipper is not None:
             return ()
-        channels = getattr(self, "ipc_channels", None)
-        candidates = (getattr(self, "recv_from_tokenizer", None), getattr(channels, "recv_from_rpc", None))
+        candidates = (self.recv_from_tokenizer, self.ipc_channels.recv_from_rpc)
         return tuple(socket for socket in candidates if isinstance(socket, zmq.Socket))
 
     def _edge_pace(self) -> bool:
