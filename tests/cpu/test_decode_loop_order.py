@@ -60,6 +60,7 @@ class _RecordingDecodeSide(DecodeSideScheduler):
         self.events: list[tuple[str, int]] = []
         self.queue_sizes_at_scheduling: list[int] = []
         self.result_queue = deque()
+        self._edge_unmerged = deque()
         self.gracefully_exit = False
         self._engine_paused = False
         self.prefill_link = _RecordingLink(self.events)
@@ -173,11 +174,15 @@ def test_a_prefill_in_flight_keeps_the_decode_side_busy(monkeypatch):
     side = DecodeSideScheduler.__new__(DecodeSideScheduler)
     # As the decode side's constructor builds it: unstarted, and asked before it starts.
     side.prefill_link = PrefillLink(server_args=None, decode_port_args=None, log_prefix=lambda: "[edgeacc decode tp0]")
+    side._edge_unmerged = deque()
     assert side.is_fully_idle() is True
     side.prefill_link._inflight.append(object())
     assert side.is_fully_idle() is False
     side.prefill_link._inflight.clear()
     assert side.is_fully_idle(ignore_waiting=True) is True
+    # A batch whose result went out during a decode step, not yet merged into the running batch.
+    side._edge_unmerged.append(object())
+    assert side.is_fully_idle() is False
 
 
 class _Clock:
@@ -400,3 +405,110 @@ def test_the_loop_hands_a_batch_over_while_one_is_in_flight_until_the_link_is_fu
     side.prefill_link.busy = side.prefill_link.full = True
     side.event_loop_edge_acc_decode()
     assert dispatched == []
+
+
+class _TokensOnDevice:
+    """A decode step's ``copy_done``: its tokens reach the host after ``pending`` more queries."""
+
+    def __init__(self, pending: int):
+        self.pending = pending
+
+    def query(self):
+        if self.pending:
+            self.pending -= 1
+            return False
+        return True
+
+
+class _ReplyingLink(_RecordingLink):
+    """A prefill side with a batch whose reply comes while decode step ``reply_during`` runs."""
+
+    busy = True
+
+    def __init__(self, events, reply_during: int):
+        super().__init__(events)
+        self.reply_during = reply_during
+        self.arrived = False
+        self.replies_taken_alone = True
+
+    def poll(self):
+        if not self.arrived or not self.busy:
+            return None
+        self.busy = False
+        return "inflight", "reply"
+
+
+def _side_with_a_reply_during_a_step(monkeypatch, mid_step: bool):
+    from sglang_edgeacc.edge_acc_server import upstream_mirror
+
+    side = _RecordingDecodeSide(overlap=True, steps=4)
+    side.decode_pacer = DecodePacer(itl_slo_ms=0.0)
+    link = side.prefill_link = _ReplyingLink(side.events, reply_during=2)
+    link.replies_taken_alone = mid_step
+    # The real collection, with the real processing order around it.
+    side._edge_collect_prefill = lambda: DecodeSideScheduler._edge_collect_prefill(side)
+    side.ingest_requests = lambda: side.events.append(("ingest", side._next))
+    side._edge_process_prefill = lambda inflight, reply: side.events.append(("first tokens", side._next)) or "batch"
+    monkeypatch.setattr(upstream_mirror, "merge_prefilled", lambda scheduler, batch: side.events.append(
+        ("merge", side._next)))
+    run = side.run_batch
+
+    def run_batch(batch):
+        if batch.step == link.reply_during + 1:
+            link.arrived = True  # while step 2 is still on the device, behind which step 3 is launched
+        result = run(batch)
+        result.copy_done = _TokensOnDevice(pending=2)
+        return result
+
+    side.run_batch = run_batch
+    return side
+
+
+@pytest.mark.parametrize("mid_step", [True, False])
+def test_a_reply_that_comes_during_a_decode_step_streams_before_the_steps_tokens(monkeypatch, mid_step):
+    side = _side_with_a_reply_during_a_step(monkeypatch, mid_step)
+    side.event_loop_edge_acc_decode()
+    ev = side.events
+    first = _at(ev, "first tokens", 4)
+    if not mid_step:  # the control: the reply waits for step 2's tokens, then for the top of the loop
+        assert _at(ev, "process", 2) < _at(ev, "sample", 3) < first < _at(ev, "run", 4), ev
+        assert ev[first + 1] == ("merge", 4), ev
+        return
+    # Taken while step 2 still ran: its first tokens go out before step 2's.
+    assert _at(ev, "run", 3) < first < _at(ev, "process", 2), ev
+    # Merged at the top of the next pass: after step 3's delayed sampling read the running batch, and
+    # before anything else of that pass (an abort then finds its requests running).
+    assert _at(ev, "sample", 3) < _at(ev, "merge", 4) < _at(ev, "ingest", 4) < _at(ev, "run", 4), ev
+    assert [e for e in ev if e[0] in ("first tokens", "merge")] == [("first tokens", 4), ("merge", 4)], ev
+    assert [s for what, s in ev if what == "process"] == [1, 2, 3, 4], ev
+
+
+def test_a_reply_taken_while_the_pacing_wait_drains_the_last_step_joins_the_next_step(monkeypatch):
+    side = _side_with_a_reply_during_a_step(monkeypatch, mid_step=True)
+    clock = _Clock()
+    side.decode_pacer = DecodePacer(itl_slo_ms=50.0, clock=clock)
+    link = side.prefill_link
+    link.wait_readable = lambda timeout_ms, also=(): side.events.append(("waited", round(timeout_ms))) or False
+    side._edge_dispatch_prefill = lambda: side.events.append(("dispatch", side._next))
+    run = side.run_batch
+
+    def run_batch(batch):
+        clock.now += 0.010
+        result = run(batch)
+        if batch.step == 2:  # the reply comes while step 2 is on the device, before step 3 is launched
+            arrive = result.copy_done.query
+
+            def query():
+                link.arrived = True
+                return arrive()
+
+            result.copy_done.query = query
+        return result
+
+    side.run_batch = run_batch
+    side.event_loop_edge_acc_decode()
+    ev = side.events
+    # Taken while the wait before step 3 drained step 2; the loop goes round to merge it and hand over the
+    # next batch, so its requests decode in step 3.
+    assert _at(ev, "first tokens", 3) < _at(ev, "process", 2) < _at(ev, "merge", 3) < _at(ev, "run", 3), ev
+    assert _at(ev, "merge", 3) < ev.index(("dispatch", 3), _at(ev, "merge", 3)) < _at(ev, "run", 3), ev

@@ -144,7 +144,7 @@ def test_each_part_of_the_prefill_path_is_timed_once_and_read_back_per_batch():
         reply = PrefillResult(seq=1, next_token_ids=[5], logits_output=None, forward_ms=60.0,
                               times=PrefillTimes(taken_at=offset + 1.003, launched_at=offset + 1.007,
                                                  done_at=offset + 1.057))
-        parts = prefill_path_parts(inflight, reply, taken_at=offset + 1.062, merged_at=offset + 1.064)
+        parts = prefill_path_parts(inflight, reply, taken_at=offset + 1.062, processed_at=offset + 1.064)
         assert parts == pytest.approx({"schedule": 0.002, "to_prefill_side": 0.001, "unpack": 0.004,
                                        "forward": 0.050, "to_decode_side": 0.005, "result": 0.002})
         # The parts add up to the batch's whole way, from scheduling to the merge.

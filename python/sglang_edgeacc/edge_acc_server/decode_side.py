@@ -20,6 +20,7 @@ import contextlib
 import logging
 import os
 import time
+from collections import deque
 
 import torch
 from sglang.srt.runtime_context import get_model, get_parallel
@@ -92,9 +93,9 @@ def fail_unsendable_requests(reqs, parts: tuple[UnsendablePart, ...], log_prefix
 
 
 def prefill_path_parts(inflight: InflightPrefill, reply: PrefillResult, taken_at: float,
-                       merged_at: float) -> dict[str, float]:
-    """Seconds a prefill batch spent in each part of its way, from scheduling to the merge of its result."""
-    parts = {"schedule": inflight.sent_at - inflight.scheduled_at, "result": merged_at - taken_at}
+                       processed_at: float) -> dict[str, float]:
+    """Seconds a prefill batch spent in each part of its way, from scheduling until its result is processed."""
+    parts = {"schedule": inflight.sent_at - inflight.scheduled_at, "result": processed_at - taken_at}
     times = reply.times
     if times is not None:
         parts.update(to_prefill_side=times.taken_at - inflight.sent_at, unpack=times.launched_at - times.taken_at,
@@ -119,6 +120,8 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         self.decode_clock = DecodeStepClock()
         self.decode_pacer = DecodePacer(flags.edge_acc_itl_slo_ms if flags.edge_acc_decode_pacing == "on" else 0.0)
         self._edge_spawn_after_capture = False
+        # Prefill batches whose first tokens went out while a decode step ran, merged at the top of the loop.
+        self._edge_unmerged: deque = deque()
         self._edge_server_info = {"enabled": True}  # completed once the prefill side is ready
         super().__init__(server_args, port_args, *args, **kwargs)
         if _metrics_enabled():
@@ -235,9 +238,12 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         self.enable_skip_finishing_decode = overlap
         self._edge_choose_depth()
         self._edge_wake_sockets = self._edge_request_sockets()
+        self._edge_replies_mid_step = self.prefill_link.replies_taken_alone and not self.require_mlp_sync
         logger.info("%s decode loop, overlap schedule %s", self._edge_log_prefix(), "on" if overlap else "off")
         try:
             while not self.gracefully_exit:
+                # Before anything else reads the queues: an abort must find these requests running.
+                self._edge_merge_unmerged()
                 self.ingest_requests()
                 if self._engine_paused:
                     self._record_scheduler_state_for_paused_engine()
@@ -327,6 +333,8 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         while self.result_queue:
             self._edge_process_decode_result(*self.result_queue.popleft())
         self.last_batch = None
+        if self._edge_unmerged:
+            return False  # a reply taken meanwhile: merged, and the next batch handed over, before this step
         wait_s = self.decode_pacer.next_step(self.prefill_link.busy).wait_s
         if wait_s <= 0:
             return True
@@ -336,14 +344,37 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         return True
 
     def _edge_process_decode_result(self, batch, result) -> None:
+        beside_prefill = self.prefill_link.busy
+        self._edge_take_reply_during_step(result)
         self.process_batch_result(batch, result)
-        step = self.decode_clock.result(batch.forward_mode.is_decode(), beside_prefill=self.prefill_link.busy)
+        step = self.decode_clock.result(batch.forward_mode.is_decode(), beside_prefill=beside_prefill)
         if step is None:
             return
         if self.edge_acc_stats.enabled:
             # Each request attended to its whole sequence but the token this step appended.
             context = sum(len(req.origin_input_ids) + len(req.output_ids) - 1 for req in batch.reqs)
             self.edge_acc_stats.record_decode_step(step, len(batch.reqs), context)
+
+    def _edge_take_reply_during_step(self, result) -> None:
+        """While a decode step's tokens are still on the device, send out the first tokens of a prefill reply.
+
+        Otherwise a reply that comes during the step waits for it, and the first
+        tokens of its requests with it. The reply's result is processed here (its
+        tokens stream, its finished requests leave) and its merge into the running
+        batch waits for the top of the loop: the batch launched in this pass is the
+        running batch itself, and its delayed (grammar) sampling still reads it. One
+        reply per step, so a reply is merged before the next one is processed, as in
+        the loop. Only where this rank takes replies alone (elsewhere taking one is a
+        collective).
+        """
+        done = getattr(result, "copy_done", None)
+        if done is None or not self._edge_replies_mid_step or self._edge_unmerged:
+            return
+        while self.prefill_link.busy and not done.query():
+            finished = self.prefill_link.poll()
+            if finished is not None:
+                self._edge_unmerged.append(self._edge_process_prefill(*finished))
+                return
 
     def _collect_inflight_batches(self):
         # Upstream's own prefill batch stays reachable as last_batch while it runs; here the
@@ -356,8 +387,9 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
     def is_fully_idle(self, for_health_check=False, ignore_waiting=False) -> bool:
         # The requests of an in-flight prefill batch are in no queue and no
         # running batch, but they hold slots: flushing the cache or reporting
-        # the engine idle now would free memory the prefill side is writing.
-        if self.prefill_link.busy:
+        # the engine idle now would free memory the prefill side is writing. So
+        # do those of a batch processed but not yet merged.
+        if self.prefill_link.busy or self._edge_unmerged:
             return False
         return super().is_fully_idle(for_health_check=for_health_check, ignore_waiting=ignore_waiting)
 
@@ -436,10 +468,16 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
             return pack_prefill_batch(batch, tokenizer=self.tokenizer, leave_out=exc.object_ids)
 
     def _edge_collect_prefill(self) -> None:
+        self._edge_merge_unmerged()
         while (finished := self.prefill_link.poll()) is not None:
-            self._edge_finish_prefill(*finished)
+            upstream_mirror.merge_prefilled(self, self._edge_process_prefill(*finished))
 
-    def _edge_finish_prefill(self, inflight: InflightPrefill, reply: PrefillResult) -> None:
+    def _edge_merge_unmerged(self) -> None:
+        while self._edge_unmerged:
+            upstream_mirror.merge_prefilled(self, self._edge_unmerged.popleft())
+
+    def _edge_process_prefill(self, inflight: InflightPrefill, reply: PrefillResult):
+        """Process a prefill batch's result as upstream processes a prefill it ran; returns the batch to merge."""
         from sglang.srt.managers.utils import GenerationBatchResult
 
         taken_at = time.monotonic()
@@ -457,10 +495,10 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         )
         upstream_mirror.after_forward(self, batch, result)
         self.process_batch_result(batch, result)
-        upstream_mirror.merge_prefilled(self, batch)
         self.edge_acc_stats.record_handoff(taken_at - inflight.sent_at, reply.forward_ms, batch.batch_size(),
                                            tokens=tokens, attention_pairs=pairs,
                                            path=prefill_path_parts(inflight, reply, taken_at, time.monotonic()))
+        return batch
 
     def _edge_next_decode_batch(self):
         return upstream_mirror.next_decode_batch(self)

@@ -71,8 +71,8 @@ class EdgeAccStats:
                 "sglang_edgeacc_prefill_path_seconds",
                 "Time prefill batches spent in each part of their way: schedule (admission and packing on the "
                 "decode side), to_prefill_side, unpack, forward (with the fence and the host sync), "
-                "to_decode_side (the reply until the decode loop takes it), result (result processing and "
-                "the merge).", names + ["part"],
+                "to_decode_side (the reply until the decode loop takes it), result (result processing, which "
+                "streams the first tokens).", names + ["part"],
             ),
             "prefill_tokens": Counter(
                 "sglang_edgeacc_prefill_tokens", "Prompt tokens the prefill side computed.", names,
