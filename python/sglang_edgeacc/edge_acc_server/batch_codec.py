@@ -82,19 +82,21 @@ class CopyStreamPlacement:
     the host waits for, so on a side that still runs the batch before, unpacking the
     next one waits for that whole forward. On a stream of its own the copy waits for
     nothing else, so the next batch is ready to launch behind the running one. Each
-    tensor is then marked as used on the stream current here, where the forward reads
-    it: its memory comes from the copy stream's pool, and the allocator must not give it
-    to the next message while a forward queued on the other stream may still read it.
+    tensor is then marked as used on the stream the forward reads it on
+    (``forward_stream``; the stream current at unpacking if None): its memory comes from
+    the copy stream's pool, and the allocator must not give it to the next message while
+    a forward queued on another stream may still read it.
     """
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, forward_stream: Optional[torch.cuda.Stream] = None):
         self._stream = torch.cuda.Stream(device)
+        self._forward_stream = forward_stream
 
     def place(self, host: torch.Tensor, device: str) -> torch.Tensor:
         with torch.cuda.stream(self._stream):
             tensor = host.to(device)  # from pageable memory: returns once the copy is done
         if tensor.is_cuda:
-            tensor.record_stream(torch.cuda.current_stream(tensor.device))
+            tensor.record_stream(self._forward_stream or torch.cuda.current_stream(tensor.device))
         return tensor
 
 

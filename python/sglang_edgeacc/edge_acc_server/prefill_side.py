@@ -158,12 +158,13 @@ class PrefillSideScheduler(EdgeAccSchedulerBase):
         self._edge_read_fence = ReadFence(runner.device)
         device = runner_gpu(runner)
         if device.type == "cuda":
-            self._edge_placement = CopyStreamPlacement(device)
             # --edge-acc-sm-partition green-context: every prefill forward runs
             # on a stream confined to this side's share of the SMs.
             self._edge_green_stream = green_context_stream_from_env(
                 device.index, role="prefill", tp_rank=self._edge_tp_rank()
             )
+            green = self._edge_green_stream
+            self._edge_placement = CopyStreamPlacement(device, green.stream if green is not None else None)
 
     def _edge_prefill_local_objects(self) -> LocalObjects:
         runner = self.tp_worker.model_runner
