@@ -296,12 +296,6 @@ def test_the_wait_watches_the_sockets_upstream_receives_requests_on():
         side.recv_from_tokenizer = tokenizer
         side.ipc_channels = SimpleNamespace(recv_from_rpc=rpc)
         assert side._edge_request_sockets() == (tokenizer, rpc)
-        # Not where the ranks of a group step together.
-        for link, mlp_sync in ((SimpleNamespace(replies_taken_alone=False), False),
-                               (SimpleNamespace(replies_taken_alone=True), True)):
-            side.prefill_link, side.require_mlp_sync = link, mlp_sync
-            assert side._edge_request_sockets() == ()
-        side.prefill_link, side.require_mlp_sync = SimpleNamespace(replies_taken_alone=True), False
         # Not on a rank that receives nothing, nor from the Rust server's ring, nor where upstream
         # receives only every few passes (a request left unread would end every wait at once).
         side.recv_from_tokenizer, side.ipc_channels = object(), SimpleNamespace(recv_from_rpc=None)
@@ -512,3 +506,20 @@ def test_a_reply_taken_while_the_pacing_wait_drains_the_last_step_joins_the_next
     # next batch, so its requests decode in step 3.
     assert _at(ev, "first tokens", 3) < _at(ev, "process", 2) < _at(ev, "merge", 3) < _at(ev, "run", 3), ev
     assert _at(ev, "merge", 3) < ev.index(("dispatch", 3), _at(ev, "merge", 3)) < _at(ev, "run", 3), ev
+
+
+@pytest.mark.parametrize("change", ["replies_taken_together", "mlp_sync"])
+def test_where_the_ranks_step_together_no_wait_ends_early(change):
+    side, _ = _paced_side(prefill_busy=True, reply_before_step=3, request_before_step=2)
+    if change == "replies_taken_together":
+        side.prefill_link.replies_taken_alone = False
+    else:
+        side.require_mlp_sync = True
+    side._edge_request_sockets = lambda: ("the tokenizer's socket",)
+    side.event_loop_edge_acc_decode()
+    assert side._edge_wake_sockets == ()
+    # Every pacing wait ran out as a sleep: no reply or request ended one (the 5 ms idle wait after the
+    # last step watches the prefill link only).
+    assert not [e for e in side.events if e[0] in ("reply", "request")], side.events
+    assert [e for e in side.events if e[0] == "waited"] == [("waited", 5)], side.events
+    assert [s for what, s in side.events if what == "process"] == [1, 2, 3, 4], side.events

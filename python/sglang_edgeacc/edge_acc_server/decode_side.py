@@ -237,8 +237,11 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         # that the one pending result finishes by length.
         self.enable_skip_finishing_decode = overlap
         self._edge_choose_depth()
-        self._edge_wake_sockets = self._edge_request_sockets()
-        self._edge_replies_mid_step = self.prefill_link.replies_taken_alone and not self.require_mlp_sync
+        # A rank that takes prefill replies and steps without the others of its group may go
+        # round its loop early (for a reply, a request); elsewhere an extra pass could enter a
+        # collective the other ranks do not.
+        self._edge_steps_alone = self.prefill_link.replies_taken_alone and not self.require_mlp_sync
+        self._edge_wake_sockets = self._edge_request_sockets() if self._edge_steps_alone else ()
         logger.info("%s decode loop, overlap schedule %s", self._edge_log_prefix(), "on" if overlap else "off")
         try:
             while not self.gracefully_exit:
@@ -300,15 +303,12 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
     def _edge_request_sockets(self) -> tuple:
         """The sockets upstream receives requests on, where a request ends the loop's waits.
 
-        None where the ranks of a group step together (a rank going round on its own could
-        enter a collective the others do not), where upstream receives only every few passes
-        (``--scheduler-recv-interval``: a request left unread would end every wait at once),
-        or from something that is not a ZeroMQ socket (the embedded Rust server's ring).
+        None where upstream receives only every few passes (``--scheduler-recv-interval``: a
+        request left unread would end every wait at once), or from something that is not a
+        ZeroMQ socket (the embedded Rust server's ring). Asked only where this rank steps alone.
         """
         import zmq
 
-        if not self.prefill_link.replies_taken_alone or self.require_mlp_sync:
-            return ()
         if self.recv_skipper is not None:
             return ()
         candidates = (self.recv_from_tokenizer, self.ipc_channels.recv_from_rpc)
@@ -320,10 +320,8 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         Returns False when a prefill reply or a new request ended the wait, so the loop
         takes the reply or admits the request and hands over the next batch before this
         step (the wait goes on after it, from the same last step). A wait ends early only
-        where this rank takes replies alone and steps without DP attention's per-step
-        sync; elsewhere an extra pass through the loop could enter a collective the other
-        ranks do not, so the wait runs out (the decode forward after it brings the ranks
-        together).
+        where this rank steps alone; elsewhere it runs out (the decode forward after it
+        brings the ranks together).
         """
         if self.decode_pacer.next_step(self.prefill_link.busy).wait_s <= 0:
             return True
@@ -338,7 +336,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         wait_s = self.decode_pacer.next_step(self.prefill_link.busy).wait_s
         if wait_s <= 0:
             return True
-        if self.prefill_link.replies_taken_alone and not self.require_mlp_sync:
+        if self._edge_steps_alone:
             return not self.prefill_link.wait_readable(max(1, round(wait_s * 1000)), also=self._edge_wake_sockets)
         time.sleep(wait_s)
         return True
@@ -364,11 +362,10 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         batch waits for the top of the loop: the batch launched in this pass is the
         running batch itself, and its delayed (grammar) sampling still reads it. One
         reply per step, so a reply is merged before the next one is processed, as in
-        the loop. Only where this rank takes replies alone (elsewhere taking one is a
-        collective).
+        the loop. Only where this rank steps alone (elsewhere taking one is a collective).
         """
         done = getattr(result, "copy_done", None)
-        if done is None or not self._edge_replies_mid_step or self._edge_unmerged:
+        if done is None or not self._edge_steps_alone or self._edge_unmerged:
             return
         while self.prefill_link.busy and not done.query():
             finished = self.prefill_link.poll()
