@@ -296,9 +296,10 @@ class SglangServer:
 
     # --- requests -----------------------------------------------------------------
     def generate(self, text, max_new_tokens: int = 8, sampling: dict | None = None, **extra) -> dict | list:
-        """Greedy generation; ``text`` is a prompt string or a list of token ids."""
+        """Greedy generation; ``text`` is a prompt string, a list of token ids, or a batch of either (a list)."""
         params = {"max_new_tokens": max_new_tokens, "temperature": 0, **(sampling or {})}
-        prompt = {"input_ids": text} if isinstance(text, list) and text and isinstance(text[0], int) else {"text": text}
+        ids = isinstance(text, list) and text and isinstance(text[0], (int, list))
+        prompt = {"input_ids": text} if ids else {"text": text}
         payload = {**prompt, "sampling_params": params, **extra}
         response = requests.post(f"{self.url}/generate", json=payload, timeout=120)
         response.raise_for_status()

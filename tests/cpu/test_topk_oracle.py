@@ -33,15 +33,48 @@ def _plain():
 def _again(plain, delta=0.01):
     """A second plain server's runs: one logprob ``delta`` away."""
     again = copy.deepcopy(plain)
-    again["together"][1]["top"][1][1][0] -= delta
+    again["alone"][1]["top"][1][1][0] -= delta
     return again
 
 
 def test_the_tolerance_follows_the_spread_between_two_plain_servers():
     plain = _plain()
-    assert topk_oracle.spread(plain["together"], _again(plain)["together"]) == pytest.approx(0.01)
+    assert topk_oracle.spread(plain["alone"], _again(plain)["alone"]) == pytest.approx(0.01)
     assert topk_oracle.tolerance(plain, _again(plain)) == pytest.approx(0.02)
     assert topk_oracle.tolerance(plain, copy.deepcopy(plain)) == topk_oracle.FLOOR
+
+
+def test_all_at_once_only_the_first_token_is_compared():
+    # The decode steps after a batched prefill run in batches whose sizes follow each server's timing:
+    # beyond the first token the order says nothing, one by one every position does.
+    plain = _plain()
+    later = copy.deepcopy(plain)
+    later["together"][0]["top"][2][0][0] = -1.3  # 1.0 from plain, after the first token
+    later["together"][1]["tokens"][1] = 5  # parts from plain (1.7 below its choice) at the second token
+    assert topk_oracle.mismatches(plain, _again(plain), later) == []
+    assert topk_oracle.tolerance(plain, later) == topk_oracle.FLOOR  # nor does it widen plain's spread
+    first = copy.deepcopy(plain)
+    first["together"][1]["top"][0][0][0] = -0.5  # 0.4 from plain at the first token
+    problems = topk_oracle.mismatches(plain, _again(plain), first)
+    assert len(problems) == 1 and "together[1] position 0" in problems[0], problems
+    alone = copy.deepcopy(plain)
+    alone["alone"][0]["top"][2][0][0] = -1.3
+    alone["alone"][1]["tokens"][1] = 5
+    problems = topk_oracle.mismatches(plain, _again(plain), alone)
+    assert any("alone[0] position 2" in p for p in problems) and any("alone[1] position 1" in p for p in problems)
+
+
+def test_all_at_once_is_one_batched_request():
+    # One message to the scheduler: every server schedules the same prefill batches from it.
+    calls = []
+
+    def generate(ids, **kw):
+        calls.append(ids)
+        return [{"output_ids": [1], "meta_info": {"output_top_logprobs": [[[-0.1, 1, None]]]}} for _ in ids]
+
+    runs = topk_oracle.run(generate, TINY_VOCAB, together=True, lengths=(3, 5), new_tokens=1)
+    assert [len(c) for c in calls] == [2] and [len(p) for p in calls[0]] == [3, 5]
+    assert runs == [{"tokens": [1], "top": [[[-0.1, 1]]]}] * 2
 
 
 def test_plains_orders_disagreeing_with_each_other_do_not_widen_the_tolerance():
@@ -93,6 +126,9 @@ def _part_at_first_token(runs):
 
 def test_edge_must_keep_its_prefix_as_long_as_a_second_plain_server_does():
     plain = _plain()
+    for request in plain["alone"]:  # six tokens one by one: twelve positions against two all at once
+        request["tokens"] *= 2
+        request["top"] *= 2
     # Parting at the first token, as a near tie (a wide spread): nothing after it is compared.
     wide = _again(plain, 3.0)
     edge = _part_at_first_token(plain)
@@ -186,3 +222,40 @@ def test_where_token_answers_part_each_servers_top_two_is_reported_beside_the_ve
     same["tiny"]["arms"]["edge-mps"]["result"]["top_two"]["solo_long"][0][0][0] = -0.3
     server_suite.judge(same)
     assert same["tiny"]["arms"]["edge-mps"]["passed"] and same["tiny"]["arms"]["edge-mps"]["parting_points"] == []
+
+
+def test_the_compile_family_shares_the_kernels_its_first_plain_server_compiles(tmp_path):
+    from tests.gpu import server_suite
+
+    family = server_suite.families("cuda")["tiny-torch-compile"]
+    assert family["compiled_by"] == "plain" and family["oracle"] == "topk"
+    (tmp_path / "inductor-tiny-torch-compile" / "old").mkdir(parents=True)
+    env = server_suite._compile_cache_env("tiny-torch-compile", family, tmp_path)
+    cache = tmp_path / "inductor-tiny-torch-compile"
+    assert env == {"TORCHINDUCTOR_CACHE_DIR": str(cache)} and list(cache.iterdir()) == []  # fresh, not a stale one
+    assert server_suite._compile_cache_env("tiny", server_suite.families("cuda")["tiny"], tmp_path) == {}
+
+    events = []
+
+    class Server:
+        def __init__(self, name, fails=False):
+            self.name, self.fails, self.started_s = name, fails, 0.0
+
+        def launch(self):
+            events.append(("launch", self.name))
+
+        def wait_healthy(self):
+            events.append(("healthy", self.name))
+            if self.fails:
+                raise RuntimeError("exited")
+            self.started_s = 1.0
+
+    keys = [("f", "edge-mps"), ("f", "plain-again"), ("f", "plain")]
+    server_suite.launch_together({k: Server(k[1]) for k in keys}, {("f", "plain")}, stagger_s=0)
+    assert events[:2] == [("launch", "plain"), ("healthy", "plain")]
+    assert sorted(events[2:]) == [("launch", "edge-mps"), ("launch", "plain-again")]
+    # A compiling server that does not start holds nobody up: the others compile their own kernels.
+    events.clear()
+    server_suite.launch_together({("f", "plain"): Server("plain", fails=True), ("f", "edge-mps"): Server("edge-mps")},
+                                 {("f", "plain")}, stagger_s=0)
+    assert events == [("launch", "plain"), ("healthy", "plain"), ("launch", "edge-mps")]

@@ -30,6 +30,7 @@ import os
 import pathlib
 import random
 import re
+import shutil
 import sys
 import tempfile
 import threading
@@ -82,11 +83,13 @@ def families(platform: str) -> dict[str, dict]:
                           arms=("edge-mps",), phase=4, gpus=2)
     if gpu:
         # Plain sglang's greedy tokens under compile change with the batch and with the server process
-        # (each autotunes its kernels): judged by top-k logprobs against two plain servers.
+        # (each autotunes its kernels): judged by top-k logprobs against two plain servers. Plain compiles
+        # first and the others load its kernels from the same inductor cache, so all three run the same
+        # kernels and what is left between them is the scheduling.
         fams["tiny-torch-compile"] = dict(
             model="tiny", args=("--chunked-prefill-size", "128", "--enable-torch-compile",
                                 "--torch-compile-max-bs", "4", *tiny_pool), arms=("plain-again", "edge-mps"),
-            phase=3, oracle="topk")
+            phase=3, oracle="topk", compiled_by="plain")
         fams["qwen3-8b"] = dict(
             model="qwen3-8b", args=("--chunked-prefill-size", "2048", "--max-total-tokens", "120000",
                                     "--mem-fraction-static", "0.45", "--cuda-graph-max-bs-decode", "64"),
@@ -300,23 +303,54 @@ def _arm_env(arm: str, platform: str) -> dict[str, str]:
     return {"CUDA_MPS_PIPE_DIRECTORY": pipe, "CUDA_MPS_LOG_DIRECTORY": os.environ.get("EDGEACC_SUITE_MPS_LOG", pipe)}
 
 
+def _compile_cache_env(name: str, fam: dict, workdir: pathlib.Path) -> dict[str, str]:
+    """One fresh inductor cache for a family whose servers share compiled kernels (none otherwise)."""
+    if not fam.get("compiled_by"):
+        return {}
+    cache = workdir / f"inductor-{name}"
+    shutil.rmtree(cache, ignore_errors=True)
+    cache.mkdir(parents=True)
+    return {"TORCHINDUCTOR_CACHE_DIR": str(cache)}
+
+
+def _wait_for_lead(key: tuple[str, str], server: SglangServer) -> None:
+    """The others start once it is healthy; one that fails to start is reported by its own arm."""
+    try:
+        server.wait_healthy()
+        print(f"[suite] {key[0]}/{key[1]} healthy after {server.started_s:.0f} s, compiled kernels cached",
+              flush=True)
+    except (RuntimeError, TimeoutError):
+        print(f"[suite] {key[0]}/{key[1]} did not start; the others compile their own kernels", flush=True)
+
+
+def launch_together(servers: dict, leads: set, stagger_s: float = 1.0) -> None:
+    """Launch every server; a family's compiling server first, healthy (its kernels cached) before the others."""
+    for key in sorted(servers, key=lambda k: k not in leads):
+        servers[key].launch()
+        if key in leads:
+            _wait_for_lead(key, servers[key])
+        time.sleep(stagger_s)  # staggered: each measures free memory after the previous one started
+
+
 def run_phase(fams: dict[str, dict], platform: str, workdir: pathlib.Path, log_dir: pathlib.Path,
               partial_out: pathlib.Path | None = None, previous: dict | None = None) -> dict:
     servers: dict[tuple[str, str], SglangServer] = {}
     results: dict = {name: {"args": list(f["args"]), "oracle": f.get("oracle", "tokens"), "arms": {}}
                      for name, f in fams.items()}
+    leads = set()
     for name, fam in fams.items():
         path, dummy, _, _ = model_path(fam["model"], workdir)
+        shared = _compile_cache_env(name, fam, workdir)
+        if fam.get("compiled_by"):
+            leads.add((name, fam["compiled_by"]))
         for arm in ("plain", *fam["arms"]):
             flags = EDGE_ARMS.get(arm, ())
             servers[(name, arm)] = SglangServer(args=(*fam["args"], *flags), model_path=path, platform=platform,
-                                                dummy_weights=dummy, env=_arm_env(arm, platform),
+                                                dummy_weights=dummy, env={**_arm_env(arm, platform), **shared},
                                                 startup_timeout_s=420)
     alone = any(fam.get("alone") for fam in fams.values())
     if not alone:
-        for server in servers.values():
-            server.launch()
-            time.sleep(1.0)  # staggered: each measures free memory after the previous one started
+        launch_together(servers, leads)
         print(f"[suite] launched {len(servers)} servers", flush=True)
 
     def run_one(key):
@@ -328,7 +362,8 @@ def run_phase(fams: dict[str, dict], platform: str, workdir: pathlib.Path, log_d
         try:
             if alone:
                 server.launch()
-            server.wait_healthy()
+            if not server.started_s:  # a family's compiling server was waited for at launch
+                server.wait_healthy()
             entry["started_s"] = round(server.started_s, 1)
             t0 = time.monotonic()
             entry["result"] = fingerprint(server, vocab, sensitive)
