@@ -103,10 +103,11 @@ def families(platform: str) -> dict[str, dict]:
             fams[f"tiny-h64-{backend}-page16"] = dict(
                 model="tiny-h64", args=("--attention-backend", backend, "--chunked-prefill-size", "128",
                                         "--page-size", "16", *tiny_pool), arms=("edge-mps",), phase=6, by_name=True)
-        fams["qwen3-8b-flashinfer"] = dict(
-            model="qwen3-8b", args=("--attention-backend", "flashinfer", "--chunked-prefill-size", "2048",
-                                    "--max-total-tokens", "120000", "--mem-fraction-static", "0.45",
-                                    "--cuda-graph-max-bs-decode", "64"), arms=("edge-mps",), phase=7, by_name=True)
+            # The production shape (pool, tokenizer, head dim 128, CUDA graphs) under the backend.
+            fams[f"qwen3-8b-{backend}"] = dict(
+                model="qwen3-8b", args=("--attention-backend", backend, "--chunked-prefill-size", "2048",
+                                        "--max-total-tokens", "120000", "--mem-fraction-static", "0.45",
+                                        "--cuda-graph-max-bs-decode", "64"), arms=("edge-mps",), phase=7, by_name=True)
         # The reference deployment's model: 64 GB of weights, so its servers run one at a time;
         # picked by name only (about 8 minutes of a 10-minute step).
         fams["qwen3-32b"] = dict(
