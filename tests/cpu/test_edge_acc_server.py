@@ -267,11 +267,9 @@ def test_a_prefill_side_failing_at_start_takes_a_dp_server_down(monkeypatch):
             server.start(env=edgeacc_faults.server_env(**{edgeacc_faults.FAIL_START_DP_RANK_ENV: "1"}))
         log = server.log_tail(200_000)
         assert "test fault" in log, _error_lines(log)  # the prefill side of DP rank 1 failed ...
-        # ... and its decode side went down through its own error path: by the signal the failing side
-        # sends, or by its next look at the child where that signal's exception was caught on its way
-        # (killed outright by the signal, it would say neither and the server would hang).
-        assert any(line in log for line in ("PrefillSideFailed", "the prefill side exited with code")), \
-            _error_lines(log)
+        # ... and its decode side went down through its error path (a signal that came while it waited for
+        # the handover once showed there as a child that "exited with code None" instead)
+        assert "PrefillSideFailed" in log, _error_lines(log)
         # The other rank's prefill side may still be importing sglang when its decode side is killed;
         # it notices at its first own line of code, once its imports are done.
         assert_nothing_left(server, within_s=60)

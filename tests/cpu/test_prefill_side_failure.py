@@ -148,3 +148,35 @@ def test_a_prefill_side_does_not_outlive_its_decode_side(dies, tmp_path):
         assert "exited while this prefill side was starting" in log.read_text()
     else:
         assert marker.read_text() == "bound"  # killed by the kernel, not by the check
+
+
+def test_a_signal_during_the_handover_keeps_its_own_error():
+    """A prefill side that fails once it has the shared state may signal while the decode side still
+    waits for the handover to finish: its decode side must report that failure, not a child that
+    "exited with code None" (PrefillSideFailed is a PeerLost, which the wait turns into that)."""
+    import threading
+
+    from sglang_edgeacc.edge_acc_server.channel import PeerLost
+    from sglang_edgeacc.edge_acc_server.child_failure import PrefillSideFailed, fail_on_prefill_side_sigquit
+    from sglang_edgeacc.edge_acc_server.prefill_link import PrefillLink
+
+    class Handover:  # the background send, still running when the signal comes
+        def wait(self):
+            os.kill(os.getpid(), signal.SIGQUIT)
+            threading.Event().wait(5)
+
+    child = mp.get_context("spawn").Process(target=time.sleep, args=(30,))
+    child.start()
+    link = PrefillLink(server_args=None, decode_port_args=None, log_prefix=lambda: "[test decode]")
+    link._proc, link._handover = child, Handover()
+    link._ready_pipe, _writer = mp.get_context("spawn").Pipe(duplex=False)
+    previous = signal.getsignal(signal.SIGQUIT)
+    try:
+        assert fail_on_prefill_side_sigquit("[test decode]")
+        with pytest.raises(PeerLost) as caught:
+            link.wait_ready()
+        assert isinstance(caught.value, PrefillSideFailed), caught.value
+    finally:
+        signal.signal(signal.SIGQUIT, previous)
+        child.kill()
+        child.join()

@@ -65,7 +65,7 @@ def test_all_at_once_only_the_first_token_is_compared():
 
 
 def test_all_at_once_is_one_batched_request():
-    # One message to the scheduler: every server schedules the same prefill batches from it.
+    # One message to the scheduler: every server finds all the prompts waiting at once.
     calls = []
 
     def generate(ids, **kw):

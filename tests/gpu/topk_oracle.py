@@ -14,8 +14,9 @@ as a second plain server's are:
 
 * a *run* is a fixed set of greedy requests, each returning its tokens and, at
   every position, the top-``TOPK`` logprobs, sent in two *orders*: one by one,
-  and all at once as one batched request (one message to the scheduler, so
-  every server schedules the same prefill batches);
+  and all at once as one batched request (one message to the scheduler: every
+  server's scheduler finds all the prompts waiting at once, so they form the
+  same prefill batches unless a server schedules differently);
 * one by one, every position is compared; all at once, only the first token (the
   prefill's): the decode steps after it run in batches whose sizes depend on
   when each prompt's prefill ended, which differs between any two schedules, and
@@ -41,7 +42,6 @@ part.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import random
 from typing import Callable
 

@@ -26,7 +26,7 @@ from sglang_edgeacc.edge_acc.ordering import WriteFence
 from sglang_edgeacc.edge_acc.sm_partition import SideSplit, environment_for_child, mps_priority_env, side_split
 from sglang_edgeacc.edge_acc_server import roles
 from sglang_edgeacc.edge_acc_server.channel import PeerLost, PendingSend, SideChannel, new_endpoint
-from sglang_edgeacc.edge_acc_server.child_failure import fail_on_prefill_side_sigquit
+from sglang_edgeacc.edge_acc_server.child_failure import PrefillSideFailed, fail_on_prefill_side_sigquit
 from sglang_edgeacc.edge_acc_server.group_consensus import all_ranks_agree
 from sglang_edgeacc.edge_acc_server.messages import PrefillReady, PrefillResult, PrefillWork, Shutdown
 from sglang_edgeacc.edge_acc_server.port_plan import prefill_side_port_args
@@ -179,6 +179,8 @@ class PrefillLink:
         handover, self._handover = self._handover, None
         try:
             handover.wait()
+        except PrefillSideFailed:
+            raise  # its signal came during the wait: its own traceback is logged, not an exit code
         except PeerLost:
             raise PeerLost(f"the prefill side exited with code {self._proc.exitcode} during start") from None
         deadline = time.monotonic() + PREFILL_START_TIMEOUT_S
