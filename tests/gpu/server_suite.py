@@ -50,9 +50,18 @@ LOGPROB_TOLERANCE = 2e-3
 # most) are a tie that batch-dependent rounding earlier in the sequence may break either way.
 BF16_TIE_STEP = 2.0 ** -4
 
-# EdgeAcc arms: name -> extra flags. Plain sglang is the arm "plain" of every family; a family judged by
-# the top-k oracle has a second plain server, "plain-again" (its spread from "plain" sets the tolerance).
-PLAIN_ARMS = ("plain", "plain-again")
+# Plain sglang is the arm "plain" of every family. A family judged by the top-k oracle has a second plain
+# server, "plain-again" (its spread from "plain" sets the tolerance, and what it answers exactly as plain
+# did is the control, :func:`control_compare`), and may have plain servers of other flags that are not
+# judged, only compared with plain and EdgeAcc (:func:`diagnose`).
+PLAIN_VARIANTS = {
+    "plain-again": (),
+    # Like EdgeAcc's decode side, no prefill forward before the decode graphs are captured.
+    "plain-no-prefill-graph": ("--disable-prefill-cuda-graph",),
+}
+PLAIN_ARMS = ("plain", *PLAIN_VARIANTS)
+DIAGNOSTIC_ARMS = tuple(arm for arm in PLAIN_VARIANTS if arm != "plain-again")
+# EdgeAcc arms: name -> extra flags.
 EDGE_ARMS = {
     "edge-mps": ("--enable-edge-acc",),
     "edge-none": ("--enable-edge-acc", "--edge-acc-sm-partition", "none"),
@@ -86,13 +95,14 @@ def families(platform: str) -> dict[str, dict]:
                           arms=("edge-mps",), phase=4, gpus=2)
     if gpu:
         # Plain sglang's greedy tokens under compile change with the batch and with the server process
-        # (each autotunes its kernels): judged by top-k logprobs against two plain servers. Plain compiles
-        # first and the others load its kernels from the same inductor cache, so all three run the same
-        # kernels and what is left between them is the scheduling.
+        # (each autotunes its kernels): judged by top-k logprobs against two plain servers, and by the
+        # control. Plain compiles first and the others load its kernels from the same inductor cache, so
+        # all of them run the same kernels and what is left between them is the scheduling.
         fams["tiny-torch-compile"] = dict(
             model="tiny", args=("--chunked-prefill-size", "128", "--enable-torch-compile",
-                                "--torch-compile-max-bs", "4", *tiny_pool), arms=("plain-again", "edge-mps"),
-            phase=3, oracle="topk", compiled_by="plain")
+                                "--torch-compile-max-bs", "4", *tiny_pool),
+            arms=("plain-again", "plain-no-prefill-graph", "edge-mps"), phase=3, oracle="topk",
+            compiled_by="plain")
         fams["qwen3-8b"] = dict(
             model="qwen3-8b", args=("--chunked-prefill-size", "2048", "--max-total-tokens", "120000",
                                     "--mem-fraction-static", "0.45", "--cuda-graph-max-bs-decode", "64"),
@@ -393,7 +403,7 @@ def run_phase(fams: dict[str, dict], platform: str, workdir: pathlib.Path, log_d
         if fam.get("compiled_by"):
             leads.add((name, fam["compiled_by"]))
         for arm in ("plain", *fam["arms"]):
-            flags = EDGE_ARMS.get(arm, ())
+            flags = {**PLAIN_VARIANTS, **EDGE_ARMS}.get(arm, ())
             servers[(name, arm)] = SglangServer(args=(*fam["args"], *flags), model_path=path, platform=platform,
                                                 dummy_weights=dummy, env={**_arm_env(arm, platform), **shared},
                                                 startup_timeout_s=420)
@@ -415,9 +425,12 @@ def run_phase(fams: dict[str, dict], platform: str, workdir: pathlib.Path, log_d
                 server.wait_healthy()
             entry["started_s"] = round(server.started_s, 1)
             t0 = time.monotonic()
+            # The top-k requests first, on a fresh server: what the workload leaves in the radix tree
+            # would otherwise feed them KV computed in other batches, which rounds otherwise.
+            topk = topk_oracle.fingerprint(server.generate, vocab) if fam.get("oracle") == "topk" else None
             entry["result"] = fingerprint(server, vocab, sensitive)
-            if fam.get("oracle") == "topk":
-                entry["result"]["topk"] = topk_oracle.fingerprint(server.generate, vocab)
+            if topk is not None:
+                entry["result"]["topk"] = topk
             entry["workload_s"] = round(time.monotonic() - t0, 1)
             entry["self_check_problems"] = self_checks(entry["result"], sensitive,
                                                        expect_cache_hits="--dp" not in fam["args"],
@@ -470,6 +483,46 @@ def run_phase(fams: dict[str, dict], platform: str, workdir: pathlib.Path, log_d
     return results
 
 
+# Not part of the control: the count of chunks streamed before an abort follows timing, the top two are
+# read only where answers part, and a concurrent burst's batches (and so the KV its solo answers reuse)
+# follow each server's scheduling, which EdgeAcc's is not.
+UNCONTROLLED_KEYS = ("topk", "top_two", "aborted_chunks", "burst", "burst_solo")
+
+
+def _same(key: str, a, b) -> bool:
+    """Equal as the token comparison has it: logprob values within ``LOGPROB_TOLERANCE``, the rest exactly."""
+    if key.endswith("logprob_values"):
+        return a is not None and b is not None and len(a) == len(b) and all(
+            abs(x - y) <= LOGPROB_TOLERANCE for x, y in zip(a, b))
+    return a == b
+
+
+def _controlled(plain: dict, again: dict) -> list[str]:
+    """The keys of the token workload that a second plain server answered as plain did."""
+    return [key for key in plain if key not in UNCONTROLLED_KEYS and _same(key, again.get(key), plain[key])]
+
+
+def control_compare(plain: dict, again: dict, edge: dict) -> list[str]:
+    """Where ``edge`` differs from ``plain`` though a second plain server did not (empty: nowhere).
+
+    Under torch.compile, with every server on the first one's compiled kernels, a second plain server
+    repeats plain's answers except where the scheduling's timing enters; where it does, plain's own
+    spread is nothing, so EdgeAcc must repeat them too.
+    """
+    return [f"{key}: {str(edge.get(key))[:200]} != {str(plain[key])[:200]}, which a second plain server repeated"
+            for key in _controlled(plain, again) if not _same(key, edge.get(key), plain[key])]
+
+
+def diagnose(plain: dict, again: dict, others: dict[str, tuple[dict, dict]]) -> dict[str, list[str]]:
+    """For a plain server of other flags: the controlled keys where it differs from each reference.
+
+    ``others`` maps a reference's name to (the reference's result, the diagnosed server's result).
+    """
+    keys = _controlled(plain, again)
+    return {name: [key for key in keys if not _same(key, result.get(key), diagnosed.get(key))]
+            for name, (result, diagnosed) in others.items()}
+
+
 def judge(results: dict) -> None:
     """Compare every finished EdgeAcc arm with its family's plain arm (in place)."""
     for fam in results.values():
@@ -478,14 +531,20 @@ def judge(results: dict) -> None:
         for arm, entry in fam["arms"].items():
             if arm in PLAIN_ARMS:
                 entry["passed"] = "result" in entry and not entry.get("self_check_problems")
+                if arm in DIAGNOSTIC_ARMS and None not in (plain, again) and "result" in entry:
+                    refs = {"plain": plain, **{name: e["result"] for name, e in fam["arms"].items()
+                                               if name not in PLAIN_ARMS and "result" in e}}
+                    entry["differs_from"] = diagnose(plain, again, {name: (ref, entry["result"])
+                                                                    for name, ref in refs.items()})
             elif plain is not None and "result" in entry:
                 if fam.get("oracle") == "topk":
                     if again is None:
                         entry["mismatches"] = ["no second plain server's run to set the tolerance from"]
                     else:
                         entry["tolerance"] = topk_oracle.tolerance(plain["topk"], again["topk"])
-                        entry["mismatches"] = topk_oracle.mismatches(plain["topk"], again["topk"],
-                                                                     entry["result"]["topk"])
+                        entry["mismatches"] = (topk_oracle.mismatches(plain["topk"], again["topk"],
+                                                                      entry["result"]["topk"])
+                                               + control_compare(plain, again, entry["result"]))
                 else:
                     entry["mismatches"] = compare(plain, entry["result"], fam.get("tie_step", 0.0))
                     entry["parting_points"] = parting_points(plain, entry["result"])
@@ -506,6 +565,8 @@ def summary_lines(results: dict) -> list[str]:
                          + (f": {'; '.join(detail)[:600]}" if detail else ""))
             if entry.get("parting_points"):
                 lines.append(f"     where answers part: {'; '.join(entry['parting_points'])[:900]}")
+            for ref, keys in (entry.get("differs_from") or {}).items():
+                lines.append(f"     differs from {ref} in: {', '.join(keys) or 'nothing'}")
     return lines
 
 

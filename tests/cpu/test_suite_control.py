@@ -1,0 +1,116 @@
+"""The control of the GPU suite's torch.compile family, on the results of its run on an H100.
+
+With every server on the first plain server's compiled kernels, a second plain server answered the
+token workload exactly as the first did except for the concurrent burst, and EdgeAcc did not: its
+streamed answer parted at the 10th token and its logprobs moved by up to 3.5e-3 (the token
+comparison's tolerance is 2e-3). What a second plain server repeats, EdgeAcc must repeat
+(``control_compare``); a plain server of other flags is compared with both and not judged
+(``diagnose``). The recorded results are the real server's (``benchmarks/results``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import pathlib
+
+import pytest
+
+from tests.gpu import server_suite
+
+RESULTS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks/results/server_suite_h100_torch_compile.json"
+FAMILY = "tiny-torch-compile"
+
+
+@pytest.fixture
+def recorded() -> dict:
+    results = json.loads(RESULTS.read_text())["results"]
+    for entry in results[FAMILY]["arms"].values():  # judged again by each test
+        for key in ("passed", "mismatches", "tolerance", "differs_from"):
+            entry.pop(key, None)
+    return results
+
+
+def _arms(results: dict) -> dict:
+    return results[FAMILY]["arms"]
+
+
+def _edge_with_plain_topk(results: dict) -> None:
+    """EdgeAcc's top-k runs replaced by plain's, so that only the control can fail it."""
+    _arms(results)["edge-mps"]["result"]["topk"] = copy.deepcopy(_arms(results)["plain"]["result"]["topk"])
+
+
+def test_edgeacc_differs_where_a_second_plain_server_repeated_plain(recorded):
+    _edge_with_plain_topk(recorded)
+    server_suite.judge(recorded)
+    edge = _arms(recorded)["edge-mps"]
+    assert not edge["passed"]
+    assert sorted(m.split(":")[0] for m in edge["mismatches"]) == ["logprob_values", "stream_final"]
+    assert _arms(recorded)["plain-again"]["passed"]
+
+
+def test_edgeacc_repeating_plain_passes(recorded):
+    arms = _arms(recorded)
+    edge = arms["edge-mps"]["result"]
+    for key, value in arms["plain"]["result"].items():
+        if key not in ("burst", "burst_solo"):  # EdgeAcc's own scheduling, kept as recorded
+            edge[key] = copy.deepcopy(value)
+    server_suite.judge(recorded)
+    assert arms["edge-mps"]["mismatches"] == []
+    assert arms["edge-mps"]["passed"]
+
+
+def test_a_burst_that_follows_edgeacc_scheduling_is_not_held_against_it(recorded):
+    # Recorded: EdgeAcc's burst differs from plain's, which the second plain server repeated.
+    arms = _arms(recorded)
+    assert arms["plain-again"]["result"]["burst"] == arms["plain"]["result"]["burst"]
+    assert arms["edge-mps"]["result"]["burst"] != arms["plain"]["result"]["burst"]
+    plain, again, edge = (arms[a]["result"] for a in ("plain", "plain-again", "edge-mps"))
+    assert not any(m.startswith("burst") for m in server_suite.control_compare(plain, again, edge))
+
+
+def test_what_the_second_plain_server_did_not_repeat_is_not_controlled(recorded):
+    arms = _arms(recorded)
+    plain, again, edge = (arms[a]["result"] for a in ("plain", "plain-again", "edge-mps"))
+    again["stream_final"] = list(edge["stream_final"])
+    again["logprob_values"] = [v + 0.01 for v in plain["logprob_values"]]
+    assert server_suite.control_compare(plain, again, edge) == []
+
+
+def test_logprob_values_within_the_token_tolerance_are_the_same(recorded):
+    arms = _arms(recorded)
+    plain, again, edge = (arms[a]["result"] for a in ("plain", "plain-again", "edge-mps"))
+    edge["stream_final"] = list(plain["stream_final"])
+    edge["logprob_values"] = [v + server_suite.LOGPROB_TOLERANCE / 2 for v in plain["logprob_values"]]
+    assert server_suite.control_compare(plain, again, edge) == []
+    edge["logprob_values"][3] += server_suite.LOGPROB_TOLERANCE
+    assert [m.split(":")[0] for m in server_suite.control_compare(plain, again, edge)] == ["logprob_values"]
+
+
+def test_the_diagnostic_plain_server_is_compared_with_plain_and_edgeacc_not_judged(recorded):
+    arms = _arms(recorded)
+    diagnostic = copy.deepcopy(arms["edge-mps"])
+    diagnostic.pop("mismatches", None)
+    arms["plain-no-prefill-graph"] = diagnostic  # as if it computed what EdgeAcc's decode side computes
+    server_suite.judge(recorded)
+    assert diagnostic["passed"]  # its own self-checks only
+    assert diagnostic["differs_from"] == {"plain": ["logprob_values", "stream_final"], "edge-mps": []}
+    lines = server_suite.summary_lines(recorded)
+    assert "     differs from plain in: logprob_values, stream_final" in lines
+    assert "     differs from edge-mps in: nothing" in lines
+
+
+def test_the_family_runs_the_diagnostic_plain_server_with_an_upstream_flag():
+    from sglang.srt.server_args import ServerArgs
+
+    family = server_suite.families("cuda")[FAMILY]
+    assert family["arms"] == ("plain-again", "plain-no-prefill-graph", "edge-mps")
+    flags = server_suite.PLAIN_VARIANTS["plain-no-prefill-graph"]
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    ns = parser.parse_args(["--model-path", "m", *family["args"], *flags])
+    assert ns.disable_prefill_cuda_graph and ns.enable_torch_compile
+    # A plain server: no MPS client environment, judged by its self-checks only.
+    assert server_suite._arm_env("plain-no-prefill-graph", "cuda") == {}
+    assert "plain-no-prefill-graph" in server_suite.DIAGNOSTIC_ARMS
