@@ -163,6 +163,9 @@ def test_edge_acc_with_data_parallelism_matches_upstream(cpu_servers, launch):
     assert got["burst"] == expected["burst"]
     # Both DP groups served: requests of one group never came back from the other.
     assert got["dp_ranks"] == [0, 1]
+    # Each of the two prefill sides froze its collector after the warmup (with DP attention, in a
+    # step of the group's own).
+    _wait_for(lambda: len(_prefill_freezes(edge, tp_rank=None)) == 2)
     check_generate_and_chat(edge)
     if launch != DP_ATTENTION:  # that one is kept for the deadlock test
         cpu_servers.release(*launch, "--enable-edge-acc", env=edge_env)
@@ -325,6 +328,33 @@ def test_server_info_says_edge_acc_is_on_with_its_split_and_both_sides_pids(cpu_
 
 # The mark a prefill side adds to upstream's log prefix: "[<time> TP0 edgeacc-prefill] ...".
 PREFILL_LINE = re.compile(r"\[[^\]]* edgeacc-prefill\] ")
+
+
+def _prefill_freezes(server, tp_rank: int | None = 0) -> list[int]:
+    """The object counts of the prefill sides' "garbage collector frozen" lines (of one TP rank), in order."""
+    marker = re.compile(r"\[edgeacc prefill tp(\d+)\] garbage collector frozen \((\d+) objects\)$")
+    return [int(m.group(2)) for line in server.log_tail(10**7).splitlines()
+            if PREFILL_LINE.match(line) and (m := marker.search(line))
+            and (tp_rank is None or int(m.group(1)) == tp_rank)]
+
+
+def _wait_for(condition, timeout_s: float = 60.0):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def test_the_prefill_side_freezes_its_garbage_collector_with_the_rest_of_the_server(cpu_servers):
+    # Upstream freezes its processes' collectors after the warmup, so that what start made is not
+    # scanned again by every full collection; the prefill side is a process upstream does not know.
+    server = cpu_servers.get(*SHARED_EDGE_ACC_LAUNCH)
+    _wait_for(lambda: _prefill_freezes(server))
+    assert _prefill_freezes(server)[0] > 10_000  # the model, the tokenizer, torch: start's objects
+    before = len(_prefill_freezes(server))
+    assert requests.post(f"{server.url}/freeze_gc", timeout=30).status_code == 200
+    _wait_for(lambda: len(_prefill_freezes(server)) == before + 1)
+    assert server.generate("after the freeze", max_new_tokens=4)["meta_info"]["completion_tokens"] == 4
 
 
 def test_every_prefill_side_line_says_it_is_the_prefill_side(cpu_servers):

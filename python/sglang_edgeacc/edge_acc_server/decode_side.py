@@ -194,6 +194,13 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         self.weight_updater = GuardedWeightUpdater(self.weight_updater, lambda: runner.model,
                                                    self._edge_log_prefix(), settle=self._edge_settle_prefill)
 
+    def handle_freeze_gc(self, recv_req):
+        # Upstream freezes every process of the server after its warmup (and on /freeze_gc); the
+        # prefill side is one more, which upstream does not know of.
+        reply = super().handle_freeze_gc(recv_req)
+        self.prefill_link.freeze_gc(recv_req.gc_threshold)
+        return reply
+
     def pause_generation(self, recv_req):
         if recv_req.mode == "retract":
             # Retraction frees the KV of every request upstream finds and recomputes it after the pause,

@@ -69,5 +69,16 @@ class PrefillResult:
 
 
 @dataclass(frozen=True)
+class FreezeGarbageCollector:
+    """Decode -> prefill: freeze the garbage collector, as upstream's ``/freeze_gc`` does in its processes.
+
+    Upstream sends it after the server's warmup by default, so the objects made at start leave the
+    collections that would otherwise stop the process to scan them.
+    """
+
+    gc_threshold: Optional[tuple[int, ...]] = None
+
+
+@dataclass(frozen=True)
 class Shutdown:
     """Decode -> prefill: release the mappings and exit."""

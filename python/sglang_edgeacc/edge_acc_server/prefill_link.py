@@ -28,7 +28,13 @@ from sglang_edgeacc.edge_acc_server import roles
 from sglang_edgeacc.edge_acc_server.channel import PeerLost, PendingSend, SideChannel, new_endpoint
 from sglang_edgeacc.edge_acc_server.child_failure import PrefillSideFailed, fail_on_prefill_side_sigquit
 from sglang_edgeacc.edge_acc_server.group_consensus import all_ranks_agree
-from sglang_edgeacc.edge_acc_server.messages import PrefillReady, PrefillResult, PrefillWork, Shutdown
+from sglang_edgeacc.edge_acc_server.messages import (
+    FreezeGarbageCollector,
+    PrefillReady,
+    PrefillResult,
+    PrefillWork,
+    Shutdown,
+)
 from sglang_edgeacc.edge_acc_server.port_plan import prefill_side_port_args
 from sglang_edgeacc.edge_acc_server.shared_state import export_model_runner_state
 from sglang_edgeacc.flags import get_flags
@@ -228,6 +234,11 @@ class PrefillLink:
         self._channel.send(PrefillWork(seq=self._seq, batch=packed, written=written))
         self._inflight.append(InflightPrefill(seq=self._seq, batch=batch, sent_at=time.monotonic(),
                                               scheduled_at=scheduled_at))
+
+    def freeze_gc(self, gc_threshold) -> None:
+        """Have the prefill side freeze its garbage collector (it takes the message between batches)."""
+        threshold = None if gc_threshold is None else tuple(gc_threshold)
+        self._channel.send(FreezeGarbageCollector(gc_threshold=threshold))
 
     def poll(self) -> Optional[tuple[InflightPrefill, PrefillResult]]:
         """The oldest batch in flight and its result, once every rank of the group has it; else None.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import logging
 import os
 import time
@@ -37,6 +38,7 @@ from sglang_edgeacc.edge_acc_server.messages import (
     PrefillTimes,
     PrefillWork,
     SharedState,
+    FreezeGarbageCollector,
     Shutdown,
 )
 from sglang_edgeacc.edge_acc_server.scheduler import EdgeAccSchedulerBase
@@ -212,6 +214,9 @@ class PrefillSideScheduler(EdgeAccSchedulerBase):
                 message = self._edge_channel.recv(timeout_s=None, peer_alive=peer_alive, what="a prefill batch")
                 if isinstance(message, Shutdown):
                     return
+                if isinstance(message, FreezeGarbageCollector):
+                    self._edge_freeze_gc(message)
+                    continue
                 launched.append(self._edge_guarded(message, self._edge_launch_prefill, message, local,
                                                    taken_at=time.monotonic()))
             elif room:
@@ -236,7 +241,12 @@ class PrefillSideScheduler(EdgeAccSchedulerBase):
                 message = self._edge_channel.recv(timeout_s=None, peer_alive=peer_alive, what="a prefill batch")
                 if isinstance(message, Shutdown):
                     return
-                work, taken_at = message, time.monotonic()
+                if isinstance(message, FreezeGarbageCollector):
+                    # Every rank of the group reads it in the same step (same messages, in order):
+                    # a step without work, still joined below.
+                    self._edge_freeze_gc(message)
+                else:
+                    work, taken_at = message, time.monotonic()
             elif not peer_alive():
                 raise RuntimeError(f"{self._edge_log_prefix()} the decode side exited")
             batch = None if work is None else self._edge_unpack_work(work, local)
@@ -250,6 +260,12 @@ class PrefillSideScheduler(EdgeAccSchedulerBase):
                 self.tp_worker.forward_batch_generation(batch)
                 continue
             self._edge_serve(work, local, batch=batch, taken_at=taken_at)
+
+    def _edge_freeze_gc(self, message: FreezeGarbageCollector) -> None:
+        from sglang.srt.utils import freeze_gc
+
+        freeze_gc("EdgeAcc prefill side", message.gc_threshold)
+        logger.info("%s garbage collector frozen (%d objects)", self._edge_log_prefix(), gc.get_freeze_count())
 
     def _edge_join_group_step(self, batch):
         """This side's share of the group's MLP sync: every side enters it each step, an idle one

@@ -44,7 +44,8 @@ One row per module of ``PATCH_MODULES`` (a test checks that every row exists).
   ``MHATokenToKVPool._create_buffers_normal``, ``ReqToTokenPool.__init__``
   and the scheduler module's ``configure_logger`` (AROUND); plus the scheduler,
   worker, loader and pool symbols the EdgeAcc scheduler calls or overrides
-  (``Scheduler.get_internal_state`` included), checked for their signatures. Installed only in processes of a launch with
+  (``Scheduler.get_internal_state`` and ``handle_freeze_gc``, which also freezes the prefill side's
+  garbage collector, included), checked for their signatures. Installed only in processes of a launch with
   ``--enable-edge-acc`` (``SGLANG_EDGEACC=1``). Why: upstream has no intra-GPU
   prefill/decode split; each GPU needs a decode side that owns all memory state
   and a prefill side that only executes, without a second copy of weights or
