@@ -16,6 +16,7 @@ abort lands while their batch (or one chunk of their prompt) is there.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import re
 import time
 
 import pytest
@@ -28,8 +29,10 @@ pytestmark = pytest.mark.server
 EDGE = ("--chunked-prefill-size", "128", "--enable-edge-acc")
 MARKER = "edgeacc-test-unpicklable"
 SLOW = "edgeacc-test-slow"
+STALL = "edgeacc-test-stall"
 FAULT_ENV = edgeacc_faults.server_env(**{edgeacc_faults.UNPICKLABLE_RID_ENV: MARKER,
-                                         edgeacc_faults.SLOW_PREFILL_RID_ENV: SLOW})
+                                         edgeacc_faults.SLOW_PREFILL_RID_ENV: SLOW,
+                                         edgeacc_faults.STALL_DISPATCH_RID_ENV: STALL})
 PROMPTS = ["The quick brown fox", "Hello world", "a b c d e f g"]
 
 
@@ -99,3 +102,32 @@ def test_an_abort_reaches_a_request_whose_prefill_is_in_flight(cpu_servers, case
     for text in PROMPTS:
         assert server.generate(text, max_new_tokens=6)["output_ids"]
     assert server.proc.poll() is None, server.log_tail()
+
+
+LONG_GAP = re.compile(r"\[edgeacc decode tp0\] (\d+) ms between two decode results \(reported from (\d+) ms\); "
+                      r"the loop's parts in ms: ([a-z -]+) (\d+)")
+
+
+def test_a_long_gap_between_decode_results_is_logged_with_the_part_of_the_loop_that_took_it(cpu_servers):
+    server = cpu_servers.get(*EDGE, env=FAULT_ENV)
+    seen = len(server.log_tail(10**8))
+    with cf.ThreadPoolExecutor(2) as pool:
+        # A request decoding while the loop stalls: its stream has the gap.
+        decoding = pool.submit(_generate_n, server, "The quick brown fox", "ordinary-long", 400)
+        time.sleep(1.0)
+        stalled = pool.submit(_generate_n, server, "Hello world", f"{STALL}-0", 6)
+        assert stalled.result().status_code == 200
+        assert decoding.result().status_code == 200
+    stall_ms = edgeacc_faults.STALL_DISPATCH_S * 1000
+    reports = [m for m in LONG_GAP.finditer(server.log_tail(10**8)[seen:])]
+    assert reports, server.log_tail(3000)
+    gap_ms, from_ms, part, part_ms = max(reports, key=lambda m: int(m.group(1))).groups()
+    assert int(from_ms) == 200  # four inter-token targets of 50 ms
+    assert int(gap_ms) >= stall_ms and part == "prefill hand-off" and int(part_ms) >= stall_ms
+    assert server.proc.poll() is None, server.log_tail()
+
+
+def _generate_n(server, text: str, rid: str, new_tokens: int) -> requests.Response:
+    return requests.post(f"{server.url}/generate", timeout=300, json={
+        "text": text, "rid": rid, "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0,
+                                                       "ignore_eos": True}})

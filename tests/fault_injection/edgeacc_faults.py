@@ -43,6 +43,11 @@ UNPICKLABLE_RID_ENV = "SGLANG_EDGEACC_TEST_UNPICKLABLE_RID"
 SLOW_PREFILL_RID_ENV = "SGLANG_EDGEACC_TEST_SLOW_PREFILL_RID"
 SLOW_PREFILL_S = 1.0
 
+# The decode side's loop stalls STALL_DISPATCH_S once, when it is about to hand over a prefill batch
+# while a request whose rid starts with this value waits: a stall of the loop where no decode step runs.
+STALL_DISPATCH_RID_ENV = "SGLANG_EDGEACC_TEST_STALL_DISPATCH_RID"
+STALL_DISPATCH_S = 1.0
+
 _PREFILL_SCHEDULER = "sglang_edgeacc.edge_acc_server.prefill_side.PrefillSideScheduler"
 _DECODE_SCHEDULER = "sglang_edgeacc.edge_acc_server.decode_side.DecodeSideScheduler"
 # What the launcher exports to a prefill side only (edge_acc_server.roles).
@@ -91,6 +96,21 @@ def _attach_unpicklable(original, self, *args, **kwargs):
     for req in self.waiting_queue:
         if str(req.rid).startswith(marker):
             req.edgeacc_test_payload = BuiltToBeUnpicklable()
+    return original(self, *args, **kwargs)
+
+
+_stalled_for: set[str] = set()
+
+
+def _stall_dispatch(original, self, *args, **kwargs):
+    import time
+
+    marker = os.environ[STALL_DISPATCH_RID_ENV]
+    due = [str(req.rid) for req in self.waiting_queue
+           if str(req.rid).startswith(marker) and str(req.rid) not in _stalled_for]
+    if due:
+        _stalled_for.update(due)
+        time.sleep(STALL_DISPATCH_S)
     return original(self, *args, **kwargs)
 
 
@@ -181,6 +201,8 @@ def install() -> None:
     decode_hooks = []
     if os.environ.get(UNPICKLABLE_RID_ENV):
         decode_hooks.append(("_edge_dispatch_prefill", _attach_unpicklable))
+    if os.environ.get(STALL_DISPATCH_RID_ENV):
+        decode_hooks.append(("_edge_dispatch_prefill", _stall_dispatch))
     role = os.environ.get(_ROLE_ENV)
     scheduler, hooks = (_PREFILL_SCHEDULER, hooks) if role == _PREFILL else (_DECODE_SCHEDULER, decode_hooks)
     if not hooks or os.environ.get("SGLANG_EDGEACC") != "1":
