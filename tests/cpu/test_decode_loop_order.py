@@ -18,7 +18,7 @@ import pytest
 from sglang_edgeacc.edge_acc_server.decode_pacing import DecodePacer
 from sglang_edgeacc.edge_acc_server.decode_side import DecodeSideScheduler
 from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStepClock
-from sglang_edgeacc.edge_acc_server.long_gaps import LongGapLog, LoopParts
+from sglang_edgeacc.edge_acc_server.long_gaps import LongGapLog
 from sglang_edgeacc.edge_acc_server.metrics import EdgeAccStats
 
 
@@ -66,7 +66,6 @@ class _RecordingDecodeSide(DecodeSideScheduler):
         self._engine_paused = False
         self.prefill_link = _RecordingLink(self.events)
         self.decode_clock = DecodeStepClock()
-        self.loop_parts = LoopParts()
         self.long_gaps = LongGapLog(itl_slo_ms=50.0, log_prefix=lambda: "[edgeacc decode tp0]")
         self.decode_pacer = DecodePacer(itl_slo_ms=50.0)
         self.require_mlp_sync = False

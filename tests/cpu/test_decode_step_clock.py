@@ -15,7 +15,7 @@ import pytest
 
 from sglang_edgeacc.edge_acc_server.decode_side import DecodeSideScheduler
 from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStep, DecodeStepClock
-from sglang_edgeacc.edge_acc_server.long_gaps import LongGapLog, LoopParts
+from sglang_edgeacc.edge_acc_server.long_gaps import LongGapLog
 from benchmarks import gpu_share
 from sglang_edgeacc.edge_acc_server.metrics import EdgeAccStats
 
@@ -61,7 +61,6 @@ class _DecodeSide(DecodeSideScheduler):
 
     def __init__(self, clock, stats):
         self.decode_clock = DecodeStepClock(clock)
-        self.loop_parts = LoopParts(clock)
         self.long_gaps = LongGapLog(itl_slo_ms=50.0, log_prefix=lambda: "[edgeacc decode tp0]")
         self.edge_acc_stats = stats
         self.prefill_link = SimpleNamespace(busy=False)

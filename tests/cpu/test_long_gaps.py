@@ -1,7 +1,7 @@
 """The decode side's report of a long gap between decode results (``edge_acc_server.long_gaps``).
 
-On the real objects with a stepped clock: what counts as long, which part of the loop is named,
-and how often a line is written. The decode loop's own report of a stall is in
+On the real objects with a stepped clock: where the step clock puts a step's time, what counts as
+long, which part of the loop is named, and how often a line is written. The decode loop's own report of a stall is in
 ``test_request_faults.py``, on the real CPU server.
 """
 
@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import logging
 
-from sglang_edgeacc.edge_acc_server.long_gaps import MIN_INTERVAL_S, LongGapLog, LoopParts
+import pytest
+
+from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStep, DecodeStepClock
+from sglang_edgeacc.edge_acc_server.long_gaps import MIN_INTERVAL_S, LongGapLog
+
+
+def _step(seconds: float, parts: dict | None = None) -> DecodeStep:
+    return DecodeStep(seconds=seconds, beside_prefill=False, parts=parts or {})
 
 
 class SteppedClock:
@@ -20,29 +27,34 @@ class SteppedClock:
         return self.now
 
 
-def test_the_loop_parts_add_up_per_part_and_start_over_when_taken():
+def test_a_step_says_which_part_of_the_loop_took_its_time():
     clock = SteppedClock()
-    parts = LoopParts(clock)
+    steps = DecodeStepClock(clock)
+    assert steps.result(is_decode=True, beside_prefill=False) is None  # the first result: no interval
     for part, spent in (("requests", 0.002), ("prefill hand-off", 0.3), ("requests", 0.001), ("pacing", 0.04)):
         clock.now += spent
-        parts.mark(part)
-    taken = parts.take()
-    assert list(taken) == ["requests", "prefill hand-off", "pacing"]
-    assert abs(taken["requests"] - 0.003) < 1e-9 and abs(taken["prefill hand-off"] - 0.3) < 1e-9
-    clock.now += 0.01
-    parts.mark("decode results")
-    taken = parts.take()
-    assert list(taken) == ["decode results"] and abs(taken["decode results"] - 0.01) < 1e-9
-    assert parts.take() == {}
+        steps.mark(part)
+    clock.now += 0.01  # processing the result
+    step = steps.result(is_decode=True, beside_prefill=False)
+    assert list(step.parts) == ["requests", "prefill hand-off", "pacing", "decode results"]
+    assert abs(step.parts["requests"] - 0.003) < 1e-9 and abs(step.parts["decode results"] - 0.01) < 1e-9
+    assert abs(sum(step.parts.values()) - step.seconds) < 1e-9
+    # An idle pass starts over: the parts before it belong to no step.
+    clock.now += 5
+    steps.mark("requests")
+    steps.idle()
+    assert steps.result(is_decode=True, beside_prefill=False) is None
+    clock.now += 0.02
+    assert steps.result(is_decode=True, beside_prefill=False).parts == {"decode results": pytest.approx(0.02)}
 
 
 def test_a_gap_of_four_targets_is_reported_with_its_largest_part_first(caplog):
     clock = SteppedClock()
     gaps = LongGapLog(itl_slo_ms=100.0, log_prefix=lambda: "[edgeacc decode tp0]", clock=clock)
     assert gaps.threshold_s == 0.4
-    assert gaps.gap(0.399, {"decode results": 0.399}) is None
+    assert gaps.gap(_step(0.399, {"decode results": 0.399})) is None
     with caplog.at_level(logging.WARNING):
-        line = gaps.gap(0.436, {"requests": 0.001, "prefill hand-off": 0.4, "decode results": 0.035})
+        line = gaps.gap(_step(0.436, {"requests": 0.001, "prefill hand-off": 0.4, "decode results": 0.035}))
     assert line == ("[edgeacc decode tp0] 436 ms between two decode results (reported from 400 ms); "
                     "the loop's parts in ms: prefill hand-off 400, decode results 35, requests 1")
     assert line in caplog.messages
@@ -55,12 +67,12 @@ def test_a_small_target_still_reports_from_200_ms():
 def test_at_most_one_line_per_interval_and_the_next_counts_the_ones_held_back():
     clock = SteppedClock()
     gaps = LongGapLog(itl_slo_ms=50.0, log_prefix=lambda: "[edgeacc decode tp0]", clock=clock)
-    assert gaps.gap(0.5, {}) is not None
+    assert gaps.gap(_step(0.5)) is not None
     clock.now += MIN_INTERVAL_S / 2
-    assert gaps.gap(0.6, {}) is None
-    assert gaps.gap(0.7, {}) is None
+    assert gaps.gap(_step(0.6)) is None
+    assert gaps.gap(_step(0.7)) is None
     clock.now += MIN_INTERVAL_S
-    line = gaps.gap(0.3, {"pacing": 0.3})
+    line = gaps.gap(_step(0.3, {"pacing": 0.3}))
     assert line.endswith("pacing 300; 2 more such gaps since the last report")
     clock.now += MIN_INTERVAL_S
-    assert "more such gaps" not in gaps.gap(0.3, {})
+    assert "more such gaps" not in gaps.gap(_step(0.3))

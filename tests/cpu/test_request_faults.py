@@ -16,6 +16,7 @@ abort lands while their batch (or one chunk of their prompt) is there.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import re
 import time
 
@@ -111,13 +112,20 @@ LONG_GAP = re.compile(r"\[edgeacc decode tp0\] (\d+) ms between two decode resul
 def test_a_long_gap_between_decode_results_is_logged_with_the_part_of_the_loop_that_took_it(cpu_servers):
     server = cpu_servers.get(*EDGE, env=FAULT_ENV)
     seen = len(server.log_tail(10**8))
-    with cf.ThreadPoolExecutor(2) as pool:
-        # A request decoding while the loop stalls: its stream has the gap.
-        decoding = pool.submit(_generate_n, server, "The quick brown fox", "ordinary-long", 400)
-        time.sleep(1.0)
-        stalled = pool.submit(_generate_n, server, "Hello world", f"{STALL}-0", 6)
-        assert stalled.result().status_code == 200
-        assert decoding.result().status_code == 200
+    # A request decoding while the loop stalls: its stream has the gap. The stalled one is sent once this
+    # one's tokens stream, and this one must still be decoding when the stalled one is answered.
+    with requests.post(f"{server.url}/generate", stream=True, timeout=300, json={
+            "text": "The quick brown fox", "rid": "ordinary-long", "stream": True,
+            "sampling_params": {"max_new_tokens": 2000, "temperature": 0, "ignore_eos": True}}) as decoding:
+        assert decoding.status_code == 200
+        chunks = (line for line in decoding.iter_lines() if line.startswith(b"data: {"))
+        for _ in range(4):
+            next(chunks)
+        stalled = _generate_n(server, "Hello world", f"{STALL}-0", 6)
+        assert stalled.status_code == 200, stalled.text[:500]
+        last = json.loads(next(chunks)[len(b"data: "):])
+        assert last["meta_info"]["completion_tokens"] < 2000, "the decoding request ended before the stall"
+        requests.post(f"{server.url}/abort_request", json={"rid": "ordinary-long"}, timeout=30).raise_for_status()
     stall_ms = edgeacc_faults.STALL_DISPATCH_S * 1000
     reports = [m for m in LONG_GAP.finditer(server.log_tail(10**8)[seen:])]
     assert reports, server.log_tail(3000)

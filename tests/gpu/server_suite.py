@@ -67,6 +67,7 @@ EDGE_ARMS = {
     "edge-none": ("--enable-edge-acc", "--edge-acc-sm-partition", "none"),
     "edge-green": ("--enable-edge-acc", "--edge-acc-sm-partition", "green-context"),
 }
+ARM_FLAGS = {**PLAIN_VARIANTS, **EDGE_ARMS}
 CPU_ARMS = ("edge-mps",)  # the CPU platform has no SMs to split: one EdgeAcc arm shows the flow
 
 
@@ -403,7 +404,7 @@ def run_phase(fams: dict[str, dict], platform: str, workdir: pathlib.Path, log_d
         if fam.get("compiled_by"):
             leads.add((name, fam["compiled_by"]))
         for arm in ("plain", *fam["arms"]):
-            flags = {**PLAIN_VARIANTS, **EDGE_ARMS}.get(arm, ())
+            flags = ARM_FLAGS.get(arm, ())
             servers[(name, arm)] = SglangServer(args=(*fam["args"], *flags), model_path=path, platform=platform,
                                                 dummy_weights=dummy, env={**_arm_env(arm, platform), **shared},
                                                 startup_timeout_s=420)

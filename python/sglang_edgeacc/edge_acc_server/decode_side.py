@@ -28,9 +28,9 @@ from sglang.srt.runtime_context import get_model, get_parallel
 from sglang_edgeacc.edge_acc_server import roles, upstream_mirror
 from sglang_edgeacc.edge_acc_server.batch_codec import PrefillBatchNotSendable, UnsendablePart, pack_prefill_batch
 from sglang_edgeacc.edge_acc_server.decode_pacing import DecodePacer
-from sglang_edgeacc.edge_acc_server.long_gaps import LongGapLog, LoopParts
 from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStepClock
 from sglang_edgeacc.edge_acc_server.graph_phases import skip_unused_graph_phase
+from sglang_edgeacc.edge_acc_server.long_gaps import LongGapLog
 from sglang_edgeacc.edge_acc_server.metrics import EdgeAccStats
 from sglang_edgeacc.edge_acc_server.prefill_link import InflightPrefill, PrefillLink
 from sglang_edgeacc.edge_acc_server.messages import PrefillResult
@@ -117,9 +117,8 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         # prefill side is spawned once the pools exist, before this side captures its graphs.
         self.prefill_link = PrefillLink(server_args, port_args, log_prefix=self._edge_log_prefix)
         flags = get_flags(server_args)
-        # The one measure of inter-token time; each step feeds the metrics.
+        # The one measure of inter-token time; each step feeds the metrics and the long-gap log.
         self.decode_clock = DecodeStepClock()
-        self.loop_parts = LoopParts()
         self.long_gaps = LongGapLog(flags.edge_acc_itl_slo_ms, self._edge_log_prefix)
         self.decode_pacer = DecodePacer(flags.edge_acc_itl_slo_ms if flags.edge_acc_decode_pacing == "on" else 0.0)
         self._edge_spawn_after_capture = False
@@ -260,17 +259,17 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
                 self.ingest_requests()
                 if self._engine_paused:
                     self._record_scheduler_state_for_paused_engine()
-                    self._edge_no_decode_step()  # a pause is no gap between tokens
+                    self.decode_clock.idle()  # a pause is no gap between tokens
                     continue
-                self.loop_parts.mark("requests")
+                self.decode_clock.mark("requests")
                 self.prefill_link.check_alive()
                 self.edge_acc_stats.record_queues(len(self.waiting_queue), self.running_batch.batch_size())
                 self._edge_collect_prefill()
                 if not self.prefill_link.full:
                     self._edge_dispatch_prefill()
-                self.loop_parts.mark("prefill hand-off")
+                self.decode_clock.mark("prefill hand-off")
                 paced = self._edge_pace()
-                self.loop_parts.mark("pacing")
+                self.decode_clock.mark("pacing")
                 if not paced:
                     continue  # a prefill reply came during the wait: hand over the next batch first
 
@@ -280,7 +279,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
                 if batch is not None:
                     self.decode_pacer.launched()
                     result = self.run_batch(batch)
-                    self.loop_parts.mark("decode launch")
+                    self.decode_clock.mark("decode launch")
                     if overlap:
                         # Result processing writes nothing this forward still reads.
                         self._apply_war_barrier()
@@ -295,7 +294,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
 
                 if batch is None:
                     self.decode_pacer.idle()
-                    self._edge_no_decode_step()
+                    self.decode_clock.idle()
                     if self.prefill_link.busy:
                         self.prefill_link.wait_readable(IDLE_WAIT_MS, also=self._edge_wake_sockets)
                     elif self.last_batch is None:
@@ -357,21 +356,14 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         time.sleep(wait_s)
         return True
 
-    def _edge_no_decode_step(self) -> None:
-        """No decode step this pass: the next result starts a new interval."""
-        self.decode_clock.idle()
-        self.loop_parts.take()
-
     def _edge_process_decode_result(self, batch, result) -> None:
         beside_prefill = self.prefill_link.busy
         self._edge_take_reply_during_step(result)
         self.process_batch_result(batch, result)
-        self.loop_parts.mark("decode results")
         step = self.decode_clock.result(batch.forward_mode.is_decode(), beside_prefill=beside_prefill)
-        parts = self.loop_parts.take()
         if step is None:
             return
-        self.long_gaps.gap(step.seconds, parts)
+        self.long_gaps.gap(step)
         if self.edge_acc_stats.enabled:
             # Each request attended to its whole sequence but the token this step appended.
             context = sum(len(req.origin_input_ids) + len(req.output_ids) - 1 for req in batch.reqs)

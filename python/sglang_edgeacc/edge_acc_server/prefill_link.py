@@ -238,7 +238,7 @@ class PrefillLink:
     def freeze_gc(self, gc_threshold) -> None:
         """Have the prefill side freeze its garbage collector (it takes the message between batches)."""
         threshold = None if gc_threshold is None else tuple(gc_threshold)
-        self._channel.send(FreezeGarbageCollector(gc_threshold=threshold))
+        self._channel.send(FreezeGarbageCollector(gc_threshold=threshold), peer_alive=self._proc.is_alive)
 
     def poll(self) -> Optional[tuple[InflightPrefill, PrefillResult]]:
         """The oldest batch in flight and its result, once every rank of the group has it; else None.

@@ -33,12 +33,12 @@ from sglang_edgeacc.edge_acc_server.child_failure import die_with_decode_side
 from sglang_edgeacc.edge_acc_server.graph_phases import skip_unused_graph_phase
 from sglang_edgeacc.edge_acc_server.group_consensus import all_ranks_agree
 from sglang_edgeacc.edge_acc_server.messages import (
+    FreezeGarbageCollector,
     PrefillReady,
     PrefillResult,
     PrefillTimes,
     PrefillWork,
     SharedState,
-    FreezeGarbageCollector,
     Shutdown,
 )
 from sglang_edgeacc.edge_acc_server.scheduler import EdgeAccSchedulerBase
