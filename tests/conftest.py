@@ -8,7 +8,7 @@ import os
 import psutil
 import pytest
 
-from tests.harness import SHARED_EDGE_ACC_LAUNCH, SHARED_LAUNCH, CpuServer
+from tests.harness import SERVER_LOG_DIR_ENV, SHARED_EDGE_ACC_LAUNCH, SHARED_LAUNCH, CpuServer
 
 # Every server a test stops (SIGTERM to its process group) looks crashed to upstream's launcher, which
 # then waits 5 s "to let GPU activity settle" before py-spy and CUDA core dumps; there is no GPU
@@ -126,6 +126,14 @@ class ServerPool:
 
 
 _POOL: list[ServerPool] = []  # the session's pool, once a test asked for it
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _server_logs_in_pytests_temporary_directory(tmp_path_factory):
+    # Hundreds of servers a run: their logs go where pytest keeps only the last three runs, not into /tmp.
+    os.environ[SERVER_LOG_DIR_ENV] = str(tmp_path_factory.mktemp("server-logs"))
+    yield
+    os.environ.pop(SERVER_LOG_DIR_ENV, None)
 
 
 @pytest.fixture(scope="session")

@@ -30,6 +30,9 @@ from sglang_edgeacc.tiny_model import model_dir
 # DP-attention launches start 4-5 processes that each import sglang: on a
 # loaded 2-core CI machine that alone can take minutes.
 STARTUP_TIMEOUT_S = float(os.environ.get("EDGEACC_TEST_STARTUP_TIMEOUT", "480"))
+# Where each server's log is written (default: the system's temporary directory). The tests set it to a
+# directory of pytest's own, which keeps the last three runs; the GPU scripts leave it to theirs.
+SERVER_LOG_DIR_ENV = "EDGEACC_SERVER_LOG_DIR"
 
 
 # With DP attention the server binds its HTTP port plus ZMQ_TCP_PORT_DELTA (233)
@@ -181,7 +184,8 @@ class SglangServer:
 
     def launch(self, env: dict[str, str] | None = None) -> "SglangServer":
         """Start the process and return at once; :meth:`wait_healthy` waits for it."""
-        log = tempfile.NamedTemporaryFile(prefix="edgeacc-server-", suffix=".log", delete=False)
+        log = tempfile.NamedTemporaryFile(prefix="edgeacc-server-", suffix=".log", delete=False,
+                                          dir=os.environ.get(SERVER_LOG_DIR_ENV) or None)
         self.log_path = log.name
         merged = {**self.env, **(env or {})}
         environment = gpu_server_env(merged) if self.platform == "cuda" else cpu_server_env(merged)

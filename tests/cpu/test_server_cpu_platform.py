@@ -6,6 +6,8 @@ The same generate and chat checks run on the TP 2, DP 2 and DP-attention launche
 
 from __future__ import annotations
 
+import pathlib
+
 import pytest
 
 from tests.harness import SHARED_LAUNCH
@@ -33,6 +35,14 @@ def check_generate_and_chat(server) -> None:
 
 def test_generate_and_chat(cpu_servers):
     check_generate_and_chat(cpu_servers.get(*LAUNCHES["tp1"]))
+
+
+def test_the_server_log_is_kept_with_pytests_temporary_files(cpu_servers, tmp_path_factory):
+    # Not in /tmp, where the logs of every run's hundreds of servers would pile up.
+    server = cpu_servers.get(*LAUNCHES["tp1"])
+    log = pathlib.Path(server.log_path)
+    assert log.parent.parent == tmp_path_factory.getbasetemp() and log.parent.name.startswith("server-logs")
+    assert "The server is fired up" in log.read_text(errors="replace")
 
 
 def test_openai_completions_and_streaming(cpu_servers):
