@@ -1,4 +1,4 @@
-"""Each side captures only the CUDA graphs it replays.
+"""Each side captures only the CUDA graphs it replays (under torch.compile the decode side keeps upstream's order).
 
 The decode side never runs a prefill forward (every extend goes to the prefill
 side) and the prefill side never runs a decode step, yet upstream captures both
