@@ -56,7 +56,8 @@ BF16_TIE_STEP = 2.0 ** -4
 # judged, only compared with plain and EdgeAcc (:func:`diagnose`).
 PLAIN_VARIANTS = {
     "plain-again": (),
-    # Like EdgeAcc's decode side, no prefill forward before the decode graphs are captured.
+    # No eager forward before its decode graphs are compiled: the order EdgeAcc's decode side avoids by
+    # keeping its prefill graphs under compile (graph_phases).
     "plain-no-prefill-graph": ("--disable-prefill-cuda-graph",),
 }
 PLAIN_ARMS = ("plain", *PLAIN_VARIANTS)
