@@ -105,7 +105,8 @@ def test_the_family_runs_the_diagnostic_plain_server_with_an_upstream_flag():
     from sglang.srt.server_args import ServerArgs
 
     family = server_suite.families("cuda")[FAMILY]
-    assert family["arms"] == ("plain-again", "plain-no-prefill-graph", "edge-mps")
+    assert family["arms"] == ("plain-again", "plain-no-prefill-graph", "plain-mps", "edge-mps", "edge-no-mps",
+                              "edge-no-prefill-graph")
     flags = server_suite.PLAIN_VARIANTS["plain-no-prefill-graph"]
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
@@ -114,3 +115,13 @@ def test_the_family_runs_the_diagnostic_plain_server_with_an_upstream_flag():
     # A plain server: no MPS client environment, judged by its self-checks only.
     assert server_suite._arm_env("plain-no-prefill-graph", "cuda") == {}
     assert "plain-no-prefill-graph" in server_suite.DIAGNOSTIC_ARMS
+
+
+def test_one_plain_arm_is_an_mps_client_and_one_edgeacc_arm_is_not(monkeypatch):
+    monkeypatch.setenv("EDGEACC_SUITE_MPS_PIPE", "/tmp/edgeacc-test-pipe")
+    clients = {arm for arm in server_suite.families("cuda")[FAMILY]["arms"]
+               if server_suite._arm_env(arm, "cuda").get("CUDA_MPS_PIPE_DIRECTORY") == "/tmp/edgeacc-test-pipe"}
+    assert clients == {"plain-mps", "edge-mps", "edge-no-prefill-graph"}
+    assert server_suite._arm_env("plain", "cuda") == {}
+    assert server_suite._arm_env("edge", "cuda")  # the fault run's EdgeAcc server
+    assert "plain-mps" in server_suite.DIAGNOSTIC_ARMS and "edge-no-mps" not in server_suite.PLAIN_ARMS

@@ -59,6 +59,9 @@ PLAIN_VARIANTS = {
     # No eager forward before its decode graphs are compiled: the order EdgeAcc's decode side avoids by
     # keeping its prefill graphs under compile (graph_phases).
     "plain-no-prefill-graph": ("--disable-prefill-cuda-graph",),
+    # Plain sglang as a client of the suite's MPS daemon (below): where EdgeAcc differs from plain, this
+    # one tells whether being an MPS client is enough to differ.
+    "plain-mps": (),
 }
 PLAIN_ARMS = ("plain", *PLAIN_VARIANTS)
 DIAGNOSTIC_ARMS = tuple(arm for arm in PLAIN_VARIANTS if arm != "plain-again")
@@ -67,7 +70,14 @@ EDGE_ARMS = {
     "edge-mps": ("--enable-edge-acc",),
     "edge-none": ("--enable-edge-acc", "--edge-acc-sm-partition", "none"),
     "edge-green": ("--enable-edge-acc", "--edge-acc-sm-partition", "green-context"),
+    # EdgeAcc with no MPS daemon at all (time-slicing): the other side of that question.
+    "edge-no-mps": ("--enable-edge-acc", "--edge-acc-sm-partition", "none"),
+    # EdgeAcc beside plain-no-prefill-graph: both sides without prefill graphs.
+    "edge-no-prefill-graph": ("--enable-edge-acc", "--disable-prefill-cuda-graph"),
 }
+# EdgeAcc servers are clients of the suite's MPS daemon, plain ones are not; one of each is the other way round.
+PLAIN_MPS_CLIENTS = ("plain-mps",)
+EDGE_NOT_MPS_CLIENTS = ("edge-no-mps",)
 ARM_FLAGS = {**PLAIN_VARIANTS, **EDGE_ARMS}
 CPU_ARMS = ("edge-mps",)  # the CPU platform has no SMs to split: one EdgeAcc arm shows the flow
 
@@ -103,7 +113,9 @@ def families(platform: str) -> dict[str, dict]:
         fams["tiny-torch-compile"] = dict(
             model="tiny", args=("--chunked-prefill-size", "128", "--enable-torch-compile",
                                 "--torch-compile-max-bs", "4", *tiny_pool),
-            arms=("plain-again", "plain-no-prefill-graph", "edge-mps"), phase=3, oracle="topk",
+            arms=("plain-again", "plain-no-prefill-graph", "plain-mps", "edge-mps", "edge-no-mps",
+                  "edge-no-prefill-graph"), phase=3,
+            oracle="topk",
             compiled_by="plain")
         fams["qwen3-8b"] = dict(
             model="qwen3-8b", args=("--chunked-prefill-size", "2048", "--max-total-tokens", "120000",
@@ -355,8 +367,12 @@ def model_path(kind: str, workdir: pathlib.Path) -> tuple[str, bool, int, bool]:
     return str(serving_models.qwen3_shaped_model(workdir / kind, shape)), True, 151000, False
 
 
+def _is_mps_client(arm: str) -> bool:
+    return arm in PLAIN_MPS_CLIENTS if arm in PLAIN_ARMS else arm not in EDGE_NOT_MPS_CLIENTS
+
+
 def _arm_env(arm: str, platform: str) -> dict[str, str]:
-    if platform != "cuda" or arm in PLAIN_ARMS:
+    if platform != "cuda" or not _is_mps_client(arm):
         return {}
     pipe = os.environ.get("EDGEACC_SUITE_MPS_PIPE")
     if not pipe:
