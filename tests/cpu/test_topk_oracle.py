@@ -259,3 +259,42 @@ def test_the_compile_family_shares_the_kernels_its_first_plain_server_compiles(t
     server_suite.launch_together({("f", "plain"): Server("plain", fails=True), ("f", "edge-mps"): Server("edge-mps")},
                                  {("f", "plain")}, stagger_s=0)
     assert events == [("launch", "plain"), ("healthy", "plain"), ("launch", "edge-mps")]
+
+
+def test_one_at_a_time_each_server_is_healthy_before_the_next_and_owns_the_cache_files_it_wrote(tmp_path):
+    from tests.gpu import server_suite
+
+    events = []
+
+    class Server:
+        def __init__(self, name):
+            self.name, self.started_s, self.env = name, 0.0, {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
+
+        def launch(self):
+            events.append(("launch", self.name))
+            # What a server's start writes: the first compiles a graph, the others tune a kernel each.
+            kind = "fxgraph/ab/graph" if self.name == "plain" else f"xy/{self.name}.best_config"
+            (tmp_path / kind).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / kind).write_text("x")
+
+        def wait_healthy(self):
+            events.append(("healthy", self.name))
+            self.started_s = 1.0
+
+    keys = [("f", "plain"), ("f", "plain-again"), ("f", "edge-mps")]
+    writers = server_suite.CacheWriters()
+    server_suite.launch_together({k: Server(k[1]) for k in keys}, {("f", "plain")}, stagger_s=0,
+                                 one_at_a_time=True, writers=writers)
+    assert events == [(step, name) for name in ("plain", "plain-again", "edge-mps") for step in ("launch", "healthy")]
+    assert writers.written == {("f", "plain"): ["fxgraph/ab/graph"], ("f", "plain-again"): ["xy/plain-again.best_config"],
+                               ("f", "edge-mps"): ["xy/edge-mps.best_config"]}
+    assert server_suite.written_kinds(writers.written[("f", "plain")] + writers.written[("f", "edge-mps")]) == {
+        "fxgraph": 1, "best_config": 1}
+
+
+def test_the_suite_runs_only_the_arms_asked_for_and_names_an_arm_a_family_lacks(capsys):
+    from tests.gpu import server_suite
+
+    with pytest.raises(SystemExit):
+        server_suite.main(["--platform", "cpu", "--families", "tiny", "--arms", "edge-green"])
+    assert "family tiny has no arms ['edge-green']" in capsys.readouterr().err

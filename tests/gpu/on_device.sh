@@ -4,7 +4,9 @@
 #   source .gpu-bundle/env.sh && OUT=/tmp/out bash tests/gpu/on_device.sh STEP [STEP ...]
 #
 # Steps (run in order, each under its own time limit; scripts run as modules from the repository root):
-#   suite[:FAMILIES]              tests.gpu.server_suite (FAMILIES comma-separated, default all)
+#   suite[:FAMILIES]              tests.gpu.server_suite (FAMILIES comma-separated, default all); SUITE_ARMS=a,b
+#                                 runs only those arms beside plain; SUITE_ONE_AT_A_TIME=1 starts each server once
+#                                 the one before is healthy and reports what each wrote to a shared inductor cache
 #   bench:ARMS[:WORKLOADS]        benchmarks.serving_vs_upstream, ARMS/WORKLOADS comma-separated;
 #                                 BENCH_LAYOUT="--tp 2" (say) adds a layout to every arm; BENCH_GPU_SHARE=1 adds
 #                                 --gpu-share (each EdgeAcc side's TFLOP/s and GB/s from its work counters);
@@ -89,7 +91,8 @@ run_one() {  # index, kind, a, b
   case $kind in
     suite)
       run_step "suite$i" "$STEP_LIMIT_S" python3 -m tests.gpu.server_suite --out "$OUT/suite$i.json" \
-        --workdir "$WORK/models$i" ${a:+--families "$a"} ;;
+        --workdir "$WORK/models$i" ${a:+--families "$a"} ${SUITE_ARMS:+--arms "$SUITE_ARMS"} \
+        ${SUITE_ONE_AT_A_TIME:+--one-at-a-time} ;;
     bench)
       run_step "bench$i" "$STEP_LIMIT_S" python3 -m benchmarks.serving_vs_upstream --out "$OUT/bench$i.json" \
         --workdir "$WORK/models$i" --arms "$a" ${b:+--workloads "$b"} ${BENCH_LAYOUT:+--layout "$BENCH_LAYOUT"} \

@@ -390,27 +390,66 @@ def _compile_cache_env(name: str, fam: dict, workdir: pathlib.Path) -> dict[str,
     return {"TORCHINDUCTOR_CACHE_DIR": str(cache)}
 
 
-def _wait_for_lead(key: tuple[str, str], server: SglangServer) -> None:
+def _wait_for_lead(key: tuple[str, str], server: SglangServer, after: str = "compiled kernels cached") -> None:
     """The others start once it is healthy; one that fails to start is reported by its own arm."""
     try:
         server.wait_healthy()
-        print(f"[suite] {key[0]}/{key[1]} healthy after {server.started_s:.0f} s, compiled kernels cached",
-              flush=True)
+        print(f"[suite] {key[0]}/{key[1]} healthy after {server.started_s:.0f} s, {after}", flush=True)
     except (RuntimeError, TimeoutError):
-        print(f"[suite] {key[0]}/{key[1]} did not start; the others compile their own kernels", flush=True)
+        print(f"[suite] {key[0]}/{key[1]} did not start; the servers after it go on", flush=True)
 
 
-def launch_together(servers: dict, leads: set, stagger_s: float = 1.0) -> None:
-    """Launch every server; a family's compiling server first, healthy (its kernels cached) before the others."""
+class CacheWriters:
+    """Which server wrote which files of a shared inductor cache: what appeared while it started.
+
+    Exact only where the servers start one at a time (``--one-at-a-time``); with the others started
+    together, what they wrote is credited to the last of them to become healthy.
+    """
+
+    def __init__(self):
+        self._seen: dict[str, set[str]] = {}
+        self.written: dict[tuple[str, str], list[str]] = {}
+
+    def snapshot(self, key: tuple[str, str], server) -> None:
+        cache = getattr(server, "env", {}).get("TORCHINDUCTOR_CACHE_DIR")
+        if not cache:
+            return
+        root = pathlib.Path(cache)
+        now = {str(path.relative_to(root)) for path in root.rglob("*") if path.is_file()}
+        seen = self._seen.setdefault(cache, set())
+        self.written[key] = sorted(now - seen)
+        seen |= now
+
+
+def written_kinds(files: list[str]) -> dict[str, int]:
+    """How many compiled graphs, AOT entries, kernel tunings and other files a server wrote."""
+    counts: dict[str, int] = {}
+    for name in files:
+        kind = ("fxgraph" if name.startswith("fxgraph/") else "aotautograd" if name.startswith("aotautograd/")
+                else "best_config" if name.endswith(".best_config") else "other")
+        counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
+def launch_together(servers: dict, leads: set, stagger_s: float = 1.0, one_at_a_time: bool = False,
+                    writers: CacheWriters | None = None) -> None:
+    """Launch every server; a family's compiling server first, healthy (its kernels cached) before the others.
+
+    ``one_at_a_time``: every server healthy before the next starts (slower; what each writes to a shared
+    inductor cache is then its own, see :class:`CacheWriters`).
+    """
     for key in sorted(servers, key=lambda k: k not in leads):
         servers[key].launch()
-        if key in leads:
-            _wait_for_lead(key, servers[key])
+        if key in leads or one_at_a_time:
+            _wait_for_lead(key, servers[key], "compiled kernels cached" if key in leads else "the next starts")
+            if writers is not None:
+                writers.snapshot(key, servers[key])
         time.sleep(stagger_s)  # staggered: each measures free memory after the previous one started
 
 
 def run_phase(fams: dict[str, dict], platform: str, workdir: pathlib.Path, log_dir: pathlib.Path,
-              partial_out: pathlib.Path | None = None, previous: dict | None = None) -> dict:
+              partial_out: pathlib.Path | None = None, previous: dict | None = None,
+              one_at_a_time: bool = False) -> dict:
     servers: dict[tuple[str, str], SglangServer] = {}
     results: dict = {name: {"args": list(f["args"]), "oracle": f.get("oracle", "tokens"),
                             "tie_step": f.get("tie_step", 0.0), "arms": {}} for name, f in fams.items()}
@@ -426,8 +465,9 @@ def run_phase(fams: dict[str, dict], platform: str, workdir: pathlib.Path, log_d
                                                 dummy_weights=dummy, env={**_arm_env(arm, platform), **shared},
                                                 startup_timeout_s=420)
     alone = any(fam.get("alone") for fam in fams.values())
+    writers = CacheWriters()
     if not alone:
-        launch_together(servers, leads)
+        launch_together(servers, leads, one_at_a_time=one_at_a_time, writers=writers)
         print(f"[suite] launched {len(servers)} servers", flush=True)
 
     def run_one(key):
@@ -442,6 +482,9 @@ def run_phase(fams: dict[str, dict], platform: str, workdir: pathlib.Path, log_d
             if not server.started_s:  # a family's compiling server was waited for at launch
                 server.wait_healthy()
             entry["started_s"] = round(server.started_s, 1)
+            if key in writers.written:
+                entry["inductor_cache_written"] = written_kinds(writers.written[key])
+                (log_dir / f"{name}_{arm}.inductor_written.txt").write_text("\n".join(writers.written[key]) + "\n")
             t0 = time.monotonic()
             # The top-k requests first, on a fresh server: what the workload leaves in the radix tree
             # would otherwise feed them KV computed in other batches, which rounds otherwise.
@@ -583,6 +626,9 @@ def summary_lines(results: dict) -> list[str]:
                          + (f": {'; '.join(detail)[:600]}" if detail else ""))
             if entry.get("parting_points"):
                 lines.append(f"     where answers part: {'; '.join(entry['parting_points'])[:900]}")
+            if entry.get("inductor_cache_written") is not None:
+                written = ", ".join(f"{n} {kind}" for kind, n in sorted(entry["inductor_cache_written"].items()))
+                lines.append(f"     wrote to the shared inductor cache: {written or 'nothing'}")
             for ref, keys in (entry.get("differs_from") or {}).items():
                 lines.append(f"     differs from {ref} in: {', '.join(keys) or 'nothing'}")
     return lines
@@ -602,6 +648,11 @@ def main(argv=None) -> int:
     parser.add_argument("--families", default="", help="comma-separated family names (default: all)")
     parser.add_argument("--out", default="", help="JSON results file")
     parser.add_argument("--workdir", default="", help="where model directories are built (default: a temp dir)")
+    parser.add_argument("--arms", default="", help="comma-separated arms each family runs beside plain (default: "
+                        "the family's own); an arm the family does not have is an error")
+    parser.add_argument("--one-at-a-time", action="store_true",
+                        help="start each server once the one before is healthy (what each writes to a shared "
+                        "inductor cache is then its own, reported per arm)")
     args = parser.parse_args(argv)
     fams = families(args.platform)
     if not args.families:
@@ -613,6 +664,13 @@ def main(argv=None) -> int:
         if unknown:
             parser.error(f"unknown families {unknown}; known: {sorted(fams)}")
         fams = {k: v for k, v in fams.items() if k in wanted}
+    if args.arms:
+        wanted_arms = tuple(args.arms.split(","))
+        for name, fam in fams.items():
+            missing = [arm for arm in wanted_arms if arm != "plain" and arm not in fam["arms"]]
+            if missing:
+                parser.error(f"--arms: family {name} has no arms {missing}; it has {list(fam['arms'])}")
+            fams[name] = {**fam, "arms": tuple(arm for arm in fam["arms"] if arm in wanted_arms)}
     workdir = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="edgeacc-suite-"))
     out = pathlib.Path(args.out) if args.out else workdir / "suite.json"
     log_dir = out.parent / "suite_logs"
@@ -623,7 +681,8 @@ def main(argv=None) -> int:
     for phase in sorted({f.get("phase", 1) for f in fams.values()}):
         chosen = {k: v for k, v in fams.items() if v.get("phase", 1) == phase}
         started = time.monotonic()
-        results.update(run_phase(chosen, args.platform, workdir, log_dir, partial_out=out, previous=results))
+        results.update(run_phase(chosen, args.platform, workdir, log_dir, partial_out=out, previous=results,
+                                 one_at_a_time=args.one_at_a_time))
         out.write_text(json.dumps(results, indent=1))
         print(f"[suite] phase {phase} took {time.monotonic() - started:.0f} s", flush=True)
     out.write_text(json.dumps(results, indent=1))
