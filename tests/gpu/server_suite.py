@@ -56,8 +56,8 @@ BF16_TIE_STEP = 2.0 ** -4
 # judged, only compared with plain and EdgeAcc (:func:`diagnose`).
 PLAIN_VARIANTS = {
     "plain-again": (),
-    # No eager forward before its decode graphs are compiled: the order EdgeAcc's decode side avoids by
-    # keeping its prefill graphs under compile (graph_phases).
+    # No eager forward before its decode graphs are compiled, as on EdgeAcc's decode side (which captures no
+    # prefill graphs): where EdgeAcc differs from plain, this one tells whether that order is enough to differ.
     "plain-no-prefill-graph": ("--disable-prefill-cuda-graph",),
     # Plain sglang as a client of the suite's MPS daemon (below): where EdgeAcc differs from plain, this
     # one tells whether being an MPS client is enough to differ.
