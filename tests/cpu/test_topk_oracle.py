@@ -290,6 +290,8 @@ def test_one_at_a_time_each_server_is_healthy_before_the_next_and_owns_the_cache
                                ("f", "edge-mps"): ["xy/edge-mps.best_config"]}
     assert server_suite.written_kinds(writers.written[("f", "plain")] + writers.written[("f", "edge-mps")]) == {
         "fxgraph": 1, "best_config": 1}
+    # A tuning is reported with the config it chose.
+    assert writers.describe(("f", "edge-mps")) == "xy/edge-mps.best_config x\n"
 
 
 def test_the_suite_runs_only_the_arms_asked_for_and_names_an_arm_a_family_lacks(capsys):

@@ -408,6 +408,7 @@ class CacheWriters:
 
     def __init__(self):
         self._seen: dict[str, set[str]] = {}
+        self._roots: dict[tuple[str, str], pathlib.Path] = {}
         self.written: dict[tuple[str, str], list[str]] = {}
 
     def snapshot(self, key: tuple[str, str], server) -> None:
@@ -418,7 +419,21 @@ class CacheWriters:
         now = {str(path.relative_to(root)) for path in root.rglob("*") if path.is_file()}
         seen = self._seen.setdefault(cache, set())
         self.written[key] = sorted(now - seen)
+        self._roots[key] = root
         seen |= now
+
+    def describe(self, key: tuple[str, str]) -> str:
+        """One line a file; a kernel tuning (a small JSON file) with the config it chose."""
+        lines = []
+        for name in self.written.get(key, []):
+            chosen = ""
+            if name.endswith(".best_config"):
+                try:
+                    chosen = " " + (self._roots[key] / name).read_text().strip()
+                except OSError:
+                    pass
+            lines.append(name + chosen)
+        return "\n".join(lines) + "\n"
 
 
 def written_kinds(files: list[str]) -> dict[str, int]:
@@ -484,7 +499,7 @@ def run_phase(fams: dict[str, dict], platform: str, workdir: pathlib.Path, log_d
             entry["started_s"] = round(server.started_s, 1)
             if key in writers.written:
                 entry["inductor_cache_written"] = written_kinds(writers.written[key])
-                (log_dir / f"{name}_{arm}.inductor_written.txt").write_text("\n".join(writers.written[key]) + "\n")
+                (log_dir / f"{name}_{arm}.inductor_written.txt").write_text(writers.describe(key))
             t0 = time.monotonic()
             # The top-k requests first, on a fresh server: what the workload leaves in the radix tree
             # would otherwise feed them KV computed in other batches, which rounds otherwise.
