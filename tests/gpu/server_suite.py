@@ -402,8 +402,8 @@ def _wait_for_lead(key: tuple[str, str], server: SglangServer, after: str = "com
 class CacheWriters:
     """Which server wrote which files of a shared inductor cache: what appeared while it started.
 
-    Exact only where the servers start one at a time (``--one-at-a-time``); with the others started
-    together, what they wrote is credited to the last of them to become healthy.
+    Known for a server waited for at launch: a family's compiling server, or every server with
+    ``--one-at-a-time``; servers started together have no entry (their files could be any one's).
     """
 
     def __init__(self):
