@@ -10,6 +10,7 @@ and the same replies with their distributions moved do not.
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 
@@ -272,10 +273,15 @@ def test_one_at_a_time_each_server_is_healthy_before_the_next_and_owns_the_cache
 
         def launch(self):
             events.append(("launch", self.name))
-            # What a server's start writes: the first compiles a graph, the others tune a kernel each.
-            kind = "fxgraph/ab/graph" if self.name == "plain" else f"xy/{self.name}.best_config"
-            (tmp_path / kind).parent.mkdir(parents=True, exist_ok=True)
-            (tmp_path / kind).write_text("x")
+            # The first compiles a graph and tunes a kernel; the second tunes another; EdgeAcc tunes the
+            # first one's kernel again, under the same name, with a config of its own.
+            files = {"plain": {"fxgraph/ab/graph": "g", "xy/k1.best_config": '{"XBLOCK": 64}'},
+                     "plain-again": {"xy/k2.best_config": '{"XBLOCK": 32}'},
+                     "edge-mps": {"xy/k1.best_config": '{"XBLOCK": 128, "R0_BLOCK": 8}'}}[self.name]
+            for name, text in files.items():
+                (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+                (tmp_path / name).write_text(text)
+                os.utime(tmp_path / name, ns=(10**9 * len(events), 10**9 * len(events)))
 
         def wait_healthy(self):
             events.append(("healthy", self.name))
@@ -286,12 +292,14 @@ def test_one_at_a_time_each_server_is_healthy_before_the_next_and_owns_the_cache
     server_suite.launch_together({k: Server(k[1]) for k in keys}, {("f", "plain")}, stagger_s=0,
                                  one_at_a_time=True, writers=writers)
     assert events == [(step, name) for name in ("plain", "plain-again", "edge-mps") for step in ("launch", "healthy")]
-    assert writers.written == {("f", "plain"): ["fxgraph/ab/graph"], ("f", "plain-again"): ["xy/plain-again.best_config"],
-                               ("f", "edge-mps"): ["xy/edge-mps.best_config"]}
-    assert server_suite.written_kinds(writers.written[("f", "plain")] + writers.written[("f", "edge-mps")]) == {
-        "fxgraph": 1, "best_config": 1}
-    # A tuning is reported with the config it chose.
-    assert writers.describe(("f", "edge-mps")) == "xy/edge-mps.best_config x\n"
+    assert writers.written == {
+        ("f", "plain"): {"fxgraph/ab/graph": "", "xy/k1.best_config": '{"XBLOCK": 64}'},
+        ("f", "plain-again"): {"xy/k2.best_config": '{"XBLOCK": 32}'},
+        # A rewritten tuning is the rewriter's, with the config it chose; the first server's entry keeps its own.
+        ("f", "edge-mps"): {"xy/k1.best_config": '{"XBLOCK": 128, "R0_BLOCK": 8}'},
+    }
+    assert server_suite.written_kinds(list(writers.written[("f", "plain")])) == {"fxgraph": 1, "best_config": 1}
+    assert writers.describe(("f", "plain")) == 'fxgraph/ab/graph\nxy/k1.best_config {"XBLOCK": 64}\n'
 
 
 def test_the_suite_runs_only_the_arms_asked_for_and_names_an_arm_a_family_lacks(capsys):

@@ -71,7 +71,7 @@ EDGE_ARMS = {
     "edge-none": ("--enable-edge-acc", "--edge-acc-sm-partition", "none"),
     "edge-green": ("--enable-edge-acc", "--edge-acc-sm-partition", "green-context"),
     # EdgeAcc with no MPS daemon at all (time-slicing): the other side of that question.
-    "edge-no-mps": ("--enable-edge-acc", "--edge-acc-sm-partition", "none"),
+    "edge-no-mps": ("--enable-edge-acc", "--edge-acc-sm-partition", "none"),  # edge-none's flags
     # EdgeAcc beside plain-no-prefill-graph: both sides without prefill graphs.
     "edge-no-prefill-graph": ("--enable-edge-acc", "--disable-prefill-cuda-graph"),
 }
@@ -400,40 +400,45 @@ def _wait_for_lead(key: tuple[str, str], server: SglangServer, after: str = "com
 
 
 class CacheWriters:
-    """Which server wrote which files of a shared inductor cache: what appeared while it started.
+    """Which server wrote which files of a shared inductor cache: what appeared or changed while it started.
 
     Known for a server waited for at launch: a family's compiling server, or every server with
-    ``--one-at-a-time``; servers started together have no entry (their files could be any one's).
+    ``--one-at-a-time``; servers started together have no entry (their files could be any one's). A kernel
+    tuning (a small JSON file, which a later server may rewrite under the same name) is read when its
+    server's start ends, so each server is reported with the config it chose.
     """
 
     def __init__(self):
-        self._seen: dict[str, set[str]] = {}
-        self._roots: dict[tuple[str, str], pathlib.Path] = {}
-        self.written: dict[tuple[str, str], list[str]] = {}
+        self._stats: dict[str, dict[str, tuple[int, int]]] = {}
+        # server -> {file written: the config it holds, for a tuning; "" otherwise}
+        self.written: dict[tuple[str, str], dict[str, str]] = {}
 
     def snapshot(self, key: tuple[str, str], server) -> None:
         cache = getattr(server, "env", {}).get("TORCHINDUCTOR_CACHE_DIR")
         if not cache:
             return
         root = pathlib.Path(cache)
-        now = {str(path.relative_to(root)) for path in root.rglob("*") if path.is_file()}
-        seen = self._seen.setdefault(cache, set())
-        self.written[key] = sorted(now - seen)
-        self._roots[key] = root
-        seen |= now
+        now = {}
+        for path in root.rglob("*"):
+            if path.is_file():
+                stat = path.stat()
+                now[str(path.relative_to(root))] = (stat.st_mtime_ns, stat.st_size)
+        before = self._stats.get(cache, {})
+        self.written[key] = {name: self._chosen(root / name) for name in sorted(now) if before.get(name) != now[name]}
+        self._stats[cache] = now
+
+    @staticmethod
+    def _chosen(path: pathlib.Path) -> str:
+        if not path.name.endswith(".best_config"):
+            return ""
+        try:
+            return path.read_text().strip()
+        except OSError:
+            return ""
 
     def describe(self, key: tuple[str, str]) -> str:
-        """One line a file; a kernel tuning (a small JSON file) with the config it chose."""
-        lines = []
-        for name in self.written.get(key, []):
-            chosen = ""
-            if name.endswith(".best_config"):
-                try:
-                    chosen = " " + (self._roots[key] / name).read_text().strip()
-                except OSError:
-                    pass
-            lines.append(name + chosen)
-        return "\n".join(lines) + "\n"
+        """One line a file, a tuning with the config it chose."""
+        return "".join(f"{name} {chosen}".rstrip() + "\n" for name, chosen in self.written.get(key, {}).items())
 
 
 def written_kinds(files: list[str]) -> dict[str, int]:
@@ -498,7 +503,7 @@ def run_phase(fams: dict[str, dict], platform: str, workdir: pathlib.Path, log_d
                 server.wait_healthy()
             entry["started_s"] = round(server.started_s, 1)
             if key in writers.written:
-                entry["inductor_cache_written"] = written_kinds(writers.written[key])
+                entry["inductor_cache_written"] = written_kinds(list(writers.written[key]))
                 (log_dir / f"{name}_{arm}.inductor_written.txt").write_text(writers.describe(key))
             t0 = time.monotonic()
             # The top-k requests first, on a fresh server: what the workload leaves in the radix tree
