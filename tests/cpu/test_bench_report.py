@@ -59,3 +59,31 @@ def test_one_token_answers_without_gaps_are_reported_not_called_errors():
             "edgeacc": {"workloads": {"prefill_only_8": dict(prefill_only, median_ttft_ms=99.0)}}}
     table = serving_vs_upstream.ratio_table(arms)
     assert "| edgeacc | 16000 | 99 | 300 | 0.0 | 0.0 | - | 1.00x, 1.10x, -, - |" in table, table
+
+
+def test_attainment_curves_list_every_rate_in_order_and_compare_with_the_best_upstream_arm():
+    def at(share, tight):
+        return {**_result(1000), "slo_attainment": share, "tight_slo_attainment": tight}
+
+    arms = {
+        "upstream": {"workloads": {"poisson_2": at(0.8, 0.5), "poisson_4": at(0.5, 0.2)}},
+        "upstream-mixed-c2048": {"workloads": {"poisson_2": at(1.0, 0.95), "poisson_4": at(0.7, 0.6)}},
+        "edgeacc": {"workloads": {"poisson_4": at(1.0, 1.0), "poisson_8": at(1.0, 0.92),
+                                  "poisson_16": at(0.97, 0.5)}},
+    }
+    curves = serving_vs_upstream.attainment_curves(arms)
+    assert "| arm (SLO met / tight SLO met) | 2 req/s | 4 req/s | 8 req/s | 16 req/s |" in curves, curves
+    assert "| upstream | 80% / 50% | 50% / 20% | - | - |" in curves
+    assert "| edgeacc | - | 100% / 100% | 100% / 92% | 97% / 50% |" in curves
+    # upstream's best arm at the tight SLO is the mixed-chunk one (2 req/s); EdgeAcc holds it to 8.
+    assert "tight-SLO goodput: edgeacc 8.0 req/s, best upstream (upstream-mixed-c2048) 2.0 req/s: 4.00x" in curves
+    assert "tight-SLO goodput" in serving_vs_upstream.report_from_arms(arms)
+
+
+def test_the_tight_slo_comparison_says_when_no_upstream_arm_meets_it_anywhere_on_the_sweep():
+    def at(tight):
+        return {**_result(1000), "slo_attainment": 1.0, "tight_slo_attainment": tight}
+
+    arms = {"upstream": {"workloads": {"poisson_2": at(0.5)}},
+            "edgeacc": {"workloads": {"poisson_2": at(1.0)}}}
+    assert "upstream below 2 req/s on every arm" in serving_vs_upstream.attainment_curves(arms)
