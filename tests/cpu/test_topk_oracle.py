@@ -266,10 +266,11 @@ def test_one_at_a_time_each_server_is_healthy_before_the_next_and_owns_the_cache
     from tests.gpu import server_suite
 
     events = []
+    cache = tmp_path / "cache"
 
     class Server:
         def __init__(self, name):
-            self.name, self.started_s, self.env = name, 0.0, {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
+            self.name, self.started_s, self.env = name, 0.0, {"TORCHINDUCTOR_CACHE_DIR": str(cache)}
 
         def launch(self):
             events.append(("launch", self.name))
@@ -279,19 +280,32 @@ def test_one_at_a_time_each_server_is_healthy_before_the_next_and_owns_the_cache
                      "plain-again": {"xy/k2.best_config": '{"XBLOCK": 32}'},
                      "edge-mps": {"xy/k1.best_config": '{"XBLOCK": 128, "R0_BLOCK": 8}'}}[self.name]
             for name, text in files.items():
-                (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-                (tmp_path / name).write_text(text)
-                os.utime(tmp_path / name, ns=(10**9 * len(events), 10**9 * len(events)))
+                (cache / name).parent.mkdir(parents=True, exist_ok=True)
+                (cache / name).write_text(text)
+                os.utime(cache / name, ns=(10**9 * len(events), 10**9 * len(events)))
 
         def wait_healthy(self):
             events.append(("healthy", self.name))
             self.started_s = 1.0
 
     keys = [("f", "plain"), ("f", "plain-again"), ("f", "edge-mps")]
-    writers = server_suite.CacheWriters()
-    server_suite.launch_together({k: Server(k[1]) for k in keys}, {("f", "plain")}, stagger_s=0,
+    out_dir = tmp_path / "suite_logs"
+    out_dir.mkdir()
+    writers = server_suite.CacheWriters(out_dir)
+    listed = []
+
+    class Recording(Server):
+        def launch(self):
+            # Before each start, what the servers already healthy wrote is on disk.
+            listed.append(sorted(path.name for path in out_dir.iterdir()))
+            super().launch()
+
+    server_suite.launch_together({k: Recording(k[1]) for k in keys}, {("f", "plain")}, stagger_s=0,
                                  one_at_a_time=True, writers=writers)
     assert events == [(step, name) for name in ("plain", "plain-again", "edge-mps") for step in ("launch", "healthy")]
+    assert listed == [[], ["f_plain.inductor_written.txt"],
+                      ["f_plain-again.inductor_written.txt", "f_plain.inductor_written.txt"]]
+    assert (out_dir / "f_edge-mps.inductor_written.txt").read_text() == 'xy/k1.best_config {"XBLOCK": 128, "R0_BLOCK": 8}\n'
     assert writers.written == {
         ("f", "plain"): {"fxgraph/ab/graph": "", "xy/k1.best_config": '{"XBLOCK": 64}'},
         ("f", "plain-again"): {"xy/k2.best_config": '{"XBLOCK": 32}'},
@@ -308,3 +322,21 @@ def test_the_suite_runs_only_the_arms_asked_for_and_names_an_arm_a_family_lacks(
     with pytest.raises(SystemExit):
         server_suite.main(["--platform", "cpu", "--families", "tiny", "--arms", "edge-green"])
     assert "family tiny has no arms ['edge-green']" in capsys.readouterr().err
+
+
+def test_the_arms_asked_for_start_in_the_order_given(monkeypatch, tmp_path):
+    from tests.gpu import server_suite
+
+    family = server_suite.families("cuda")["tiny-torch-compile"]
+    assert family["arms"].index("plain-again") < family["arms"].index("edge-mps")  # the family's own order
+    monkeypatch.setattr(server_suite, "families", lambda platform: {"tiny-torch-compile": family})
+    seen = {}
+
+    def fake_run_phase(fams, *args, **kwargs):
+        seen.update({name: fam["arms"] for name, fam in fams.items()})
+        return {}
+
+    monkeypatch.setattr(server_suite, "run_phase", fake_run_phase)
+    server_suite.main(["--platform", "cpu", "--families", "tiny-torch-compile", "--arms", "edge-mps,plain-again",
+                       "--one-at-a-time", "--out", str(tmp_path / "suite.json")])
+    assert seen == {"tiny-torch-compile": ("edge-mps", "plain-again")}

@@ -405,13 +405,16 @@ class CacheWriters:
     Known for a server waited for at launch: a family's compiling server, or every server with
     ``--one-at-a-time``; servers started together have no entry (their files could be any one's). A kernel
     tuning (a small JSON file, which a later server may rewrite under the same name) is read when its
-    server's start ends, so each server is reported with the config it chose.
+    server's start ends, so each server is reported with the config it chose. With ``out_dir`` each
+    server's list is written there as soon as it is known (``{family}_{arm}.inductor_written.txt``), so a
+    run its time limit cuts off still returns what the servers healthy by then wrote.
     """
 
-    def __init__(self):
+    def __init__(self, out_dir: pathlib.Path | None = None):
         self._stats: dict[str, dict[str, tuple[int, int]]] = {}
         # server -> {file written: the config it holds, for a tuning; "" otherwise}
         self.written: dict[tuple[str, str], dict[str, str]] = {}
+        self._out_dir = out_dir
 
     def snapshot(self, key: tuple[str, str], server) -> None:
         cache = getattr(server, "env", {}).get("TORCHINDUCTOR_CACHE_DIR")
@@ -426,6 +429,10 @@ class CacheWriters:
         before = self._stats.get(cache, {})
         self.written[key] = {name: self._chosen(root / name) for name in sorted(now) if before.get(name) != now[name]}
         self._stats[cache] = now
+        if self._out_dir is not None:
+            (self._out_dir / f"{key[0]}_{key[1]}.inductor_written.txt").write_text(self.describe(key))
+        print(f"[suite] {key[0]}/{key[1]} wrote to the shared inductor cache: "
+              f"{written_kinds(list(self.written[key])) or 'nothing'}", flush=True)
 
     @staticmethod
     def _chosen(path: pathlib.Path) -> str:
@@ -485,7 +492,7 @@ def run_phase(fams: dict[str, dict], platform: str, workdir: pathlib.Path, log_d
                                                 dummy_weights=dummy, env={**_arm_env(arm, platform), **shared},
                                                 startup_timeout_s=420)
     alone = any(fam.get("alone") for fam in fams.values())
-    writers = CacheWriters()
+    writers = CacheWriters(log_dir)
     if not alone:
         launch_together(servers, leads, one_at_a_time=one_at_a_time, writers=writers)
         print(f"[suite] launched {len(servers)} servers", flush=True)
@@ -504,7 +511,6 @@ def run_phase(fams: dict[str, dict], platform: str, workdir: pathlib.Path, log_d
             entry["started_s"] = round(server.started_s, 1)
             if key in writers.written:
                 entry["inductor_cache_written"] = written_kinds(list(writers.written[key]))
-                (log_dir / f"{name}_{arm}.inductor_written.txt").write_text(writers.describe(key))
             t0 = time.monotonic()
             # The top-k requests first, on a fresh server: what the workload leaves in the radix tree
             # would otherwise feed them KV computed in other batches, which rounds otherwise.
@@ -668,8 +674,8 @@ def main(argv=None) -> int:
     parser.add_argument("--families", default="", help="comma-separated family names (default: all)")
     parser.add_argument("--out", default="", help="JSON results file")
     parser.add_argument("--workdir", default="", help="where model directories are built (default: a temp dir)")
-    parser.add_argument("--arms", default="", help="comma-separated arms each family runs beside plain (default: "
-                        "the family's own); an arm the family does not have is an error")
+    parser.add_argument("--arms", default="", help="comma-separated arms each family runs beside plain, started in "
+                        "this order (default: the family's own); an arm the family does not have is an error")
     parser.add_argument("--one-at-a-time", action="store_true",
                         help="start each server once the one before is healthy (what each writes to a shared "
                         "inductor cache is then its own, reported per arm)")
@@ -690,7 +696,8 @@ def main(argv=None) -> int:
             missing = [arm for arm in wanted_arms if arm != "plain" and arm not in fam["arms"]]
             if missing:
                 parser.error(f"--arms: family {name} has no arms {missing}; it has {list(fam['arms'])}")
-            fams[name] = {**fam, "arms": tuple(arm for arm in fam["arms"] if arm in wanted_arms)}
+            # In the order asked for: with --one-at-a-time the servers start in it, after the family's plain.
+            fams[name] = {**fam, "arms": tuple(arm for arm in wanted_arms if arm in fam["arms"])}
     workdir = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="edgeacc-suite-"))
     out = pathlib.Path(args.out) if args.out else workdir / "suite.json"
     log_dir = out.parent / "suite_logs"
