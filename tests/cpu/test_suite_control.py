@@ -125,3 +125,43 @@ def test_one_plain_arm_is_an_mps_client_and_one_edgeacc_arm_is_not(monkeypatch):
     assert server_suite._arm_env("plain", "cuda") == {}
     assert server_suite._arm_env("edge", "cuda")  # the fault run's EdgeAcc server
     assert "plain-mps" in server_suite.DIAGNOSTIC_ARMS and "edge-no-mps" not in server_suite.PLAIN_ARMS
+
+
+def test_the_deterministic_compile_family_runs_every_server_without_on_device_tuning_and_judges_tokens():
+    fams = server_suite.families("cuda")
+    family = fams["tiny-torch-compile-deterministic"]
+    assert family["args"] == fams[FAMILY]["args"] and family["compiled_by"] == "plain" and family["by_name"]
+    assert family.get("oracle", "tokens") == "tokens"
+    assert "tiny-torch-compile-deterministic" not in server_suite.families("cpu")
+    for arm in ("plain", *family["arms"]):
+        env = server_suite.server_env(arm, "cuda", family, {"TORCHINDUCTOR_CACHE_DIR": "/c"})
+        assert env["TORCHINDUCTOR_DETERMINISTIC"] == "1" and env["TORCHINDUCTOR_CACHE_DIR"] == "/c"
+    # The other compile family keeps inductor's tuning.
+    assert "TORCHINDUCTOR_DETERMINISTIC" not in server_suite.server_env("edge-mps", "cuda", fams[FAMILY], {})
+
+
+def test_the_deterministic_family_is_refused_by_name_on_a_torch_without_the_mode(monkeypatch, capsys):
+    family = server_suite.families("cuda")["tiny-torch-compile-deterministic"]
+    monkeypatch.setattr(server_suite, "inductor_has_deterministic_mode", lambda: False)
+    monkeypatch.setattr(server_suite, "families", lambda platform: {"tiny-torch-compile-deterministic": family})
+    with pytest.raises(SystemExit):
+        server_suite.main(["--platform", "cpu", "--families", "tiny-torch-compile-deterministic"])
+    err = capsys.readouterr().err
+    assert "tiny-torch-compile-deterministic" in err and "TORCHINDUCTOR_DETERMINISTIC" in err
+
+
+def test_where_tokens_are_the_oracle_a_second_plain_server_must_answer_as_the_first(recorded):
+    plain = recorded[FAMILY]["arms"]["plain"]["result"]
+    again = copy.deepcopy(plain)
+    results = {"f": {"oracle": "tokens", "tie_step": 0.0, "arms": {
+        "plain": {"result": plain}, "plain-again": {"result": again}, "edge-mps": {"result": copy.deepcopy(plain)}}}}
+    server_suite.judge(results)
+    assert results["f"]["arms"]["plain-again"]["passed"] and results["f"]["arms"]["edge-mps"]["passed"]
+    again["solo_short"] = list(reversed(again["solo_short"]))
+    server_suite.judge(results)
+    entry = results["f"]["arms"]["plain-again"]
+    assert not entry["passed"] and any("solo_short" in m for m in entry["mismatches"]), entry["mismatches"]
+    # Under the top-k oracle the second plain server sets the tolerance and is not judged against plain.
+    results["f"]["oracle"] = "topk"
+    server_suite.judge(results)
+    assert results["f"]["arms"]["plain-again"]["passed"]

@@ -82,6 +82,19 @@ ARM_FLAGS = {**PLAIN_VARIANTS, **EDGE_ARMS}
 CPU_ARMS = ("edge-mps",)  # the CPU platform has no SMs to split: one EdgeAcc arm shows the flow
 
 
+# Inductor's mode that picks kernel configs without benchmarking them on the device.
+INDUCTOR_DETERMINISTIC_ENV = "TORCHINDUCTOR_DETERMINISTIC"
+
+
+def inductor_has_deterministic_mode() -> bool:
+    """Whether this host's torch knows the mode (the servers run the same torch as the suite)."""
+    try:
+        from torch._inductor import config
+    except ImportError:
+        return False
+    return hasattr(config, "deterministic")
+
+
 def families(platform: str) -> dict[str, dict]:
     tiny_pool = ("--max-total-tokens", "40000", "--mem-fraction-static", "0.3", "--max-running-requests", "32")
     gpu = platform == "cuda"
@@ -117,6 +130,13 @@ def families(platform: str) -> dict[str, dict]:
                   "edge-no-prefill-graph"), phase=3,
             oracle="topk",
             compiled_by="plain")
+        # The same under inductor's deterministic mode, which chooses every kernel config without timing it
+        # on the device: if the tunings each server times are what sets EdgeAcc's rounding apart, here it
+        # answers exactly as plain, so the token oracle applies again. Picked by name.
+        fams["tiny-torch-compile-deterministic"] = dict(
+            model="tiny", args=fams["tiny-torch-compile"]["args"], arms=("plain-again", "edge-mps"), phase=3,
+            env={INDUCTOR_DETERMINISTIC_ENV: "1"}, needs_inductor_deterministic=True, compiled_by="plain",
+            by_name=True)
         fams["qwen3-8b"] = dict(
             model="qwen3-8b", args=("--chunked-prefill-size", "2048", "--max-total-tokens", "120000",
                                     "--mem-fraction-static", "0.45", "--cuda-graph-max-bs-decode", "64"),
@@ -380,6 +400,11 @@ def _arm_env(arm: str, platform: str) -> dict[str, str]:
     return {"CUDA_MPS_PIPE_DIRECTORY": pipe, "CUDA_MPS_LOG_DIRECTORY": os.environ.get("EDGEACC_SUITE_MPS_LOG", pipe)}
 
 
+def server_env(arm: str, platform: str, fam: dict, shared_cache: dict[str, str]) -> dict[str, str]:
+    """A server's environment: its MPS client settings, the family's shared inductor cache and the family's own."""
+    return {**_arm_env(arm, platform), **shared_cache, **fam.get("env", {})}
+
+
 def _compile_cache_env(name: str, fam: dict, workdir: pathlib.Path) -> dict[str, str]:
     """One fresh inductor cache for a family whose servers share compiled kernels (none otherwise)."""
     if not fam.get("compiled_by"):
@@ -489,7 +514,7 @@ def run_phase(fams: dict[str, dict], platform: str, workdir: pathlib.Path, log_d
         for arm in ("plain", *fam["arms"]):
             flags = ARM_FLAGS.get(arm, ())
             servers[(name, arm)] = SglangServer(args=(*fam["args"], *flags), model_path=path, platform=platform,
-                                                dummy_weights=dummy, env={**_arm_env(arm, platform), **shared},
+                                                dummy_weights=dummy, env=server_env(arm, platform, fam, shared),
                                                 startup_timeout_s=420)
     alone = any(fam.get("alone") for fam in fams.values())
     writers = CacheWriters(log_dir)
@@ -618,6 +643,11 @@ def judge(results: dict) -> None:
         for arm, entry in fam["arms"].items():
             if arm in PLAIN_ARMS:
                 entry["passed"] = "result" in entry and not entry.get("self_check_problems")
+                if arm == "plain-again" and fam.get("oracle", "tokens") == "tokens" and plain is not None \
+                        and "result" in entry:
+                    # Where tokens are the oracle, a second plain server must answer as the first.
+                    entry["mismatches"] = compare(plain, entry["result"], fam.get("tie_step", 0.0))
+                    entry["passed"] = entry["passed"] and not entry["mismatches"]
                 if arm in DIAGNOSTIC_ARMS and None not in (plain, again) and "result" in entry:
                     refs = {"plain": plain, **{name: e["result"] for name, e in fam["arms"].items()
                                                if name not in PLAIN_ARMS and "result" in e}}
@@ -690,6 +720,13 @@ def main(argv=None) -> int:
         if unknown:
             parser.error(f"unknown families {unknown}; known: {sorted(fams)}")
         fams = {k: v for k, v in fams.items() if k in wanted}
+        lacking = [k for k, v in fams.items() if v.get("needs_inductor_deterministic")
+                   and not inductor_has_deterministic_mode()]
+        if lacking:
+            import torch
+
+            parser.error(f"{lacking} need inductor's deterministic mode ({INDUCTOR_DETERMINISTIC_ENV}), "
+                         f"which torch {torch.__version__} lacks")
     if args.arms:
         wanted_arms = tuple(args.arms.split(","))
         for name, fam in fams.items():
