@@ -260,3 +260,69 @@ def test_every_device_tensor_of_a_message_is_rebuilt_where_the_unpacker_places_i
     # Without a placement (a plain unpickling) the tensor is rebuilt on its device all the same.
     plain = unpack_prefill_batch(message, local)
     assert torch.equal(plain.input_ids, torch.arange(6)) and plain.again is plain.input_ids
+
+
+def test_host_tensors_of_every_kind_a_batch_holds_survive_the_trip_as_their_own_bytes():
+    base = torch.arange(40, dtype=torch.int64)
+    tensors = {
+        "int64": torch.arange(7, dtype=torch.int64),
+        "int32_view": base.to(torch.int32)[3:9],  # a view of a larger storage
+        "strided": base.view(5, 8)[:, ::3],  # not contiguous
+        "bf16": torch.tensor([1.5, -2.25, 3.0], dtype=torch.bfloat16),
+        "float32_2d": torch.randn(3, 4),
+        "bool": torch.tensor([True, False, True]),
+        "scalar": torch.tensor(0.75, dtype=torch.float64),
+        "empty": torch.empty((0, 3), dtype=torch.float16),
+    }
+    shared = torch.arange(5)
+    batch = SimpleNamespace(reqs=[], sampling_info=None, again=shared, shared=shared, **tensors)
+    got = unpack_prefill_batch(pack_prefill_batch(batch), _local())
+    for name, sent in tensors.items():
+        received = getattr(got, name)
+        assert received.dtype == sent.dtype and received.shape == sent.shape, name
+        assert torch.equal(received, sent), name
+        assert received.untyped_storage().nbytes() == sent.numel() * sent.element_size(), name
+    assert got.again is got.shared  # one tensor sent twice is one tensor received
+    got.int64.add_(1)  # writable, as the forward may write into what it is given
+    assert torch.equal(got.int64, torch.arange(1, 8))
+
+
+def test_a_batchs_tensors_take_no_nested_torch_serialization():
+    # torch's own reduction of a tensor pickles its storage through a nested pickler and a class per
+    # storage: most of the time a real prefill batch took to pack and unpack.
+    empty = SimpleNamespace(reqs=[], sampling_info=None)
+    batch = SimpleNamespace(reqs=[], sampling_info=None,
+                            **{f"t{i}": torch.arange(2048, dtype=torch.int64) for i in range(10)})
+    message, empty_message = pack_prefill_batch(batch), pack_prefill_batch(empty)  # imports done
+    unpack_prefill_batch(message, _local())
+    per_tensor_pack = (_python_calls(lambda: pack_prefill_batch(batch))
+                       - _python_calls(lambda: pack_prefill_batch(empty))) / 10
+    per_tensor_unpack = (_python_calls(lambda: unpack_prefill_batch(message, _local()))
+                         - _python_calls(lambda: unpack_prefill_batch(empty_message, _local()))) / 10
+    assert per_tensor_pack < 15 and per_tensor_unpack < 10, (per_tensor_pack, per_tensor_unpack)
+
+
+def test_a_real_prefill_batch_arrives_with_every_tensor_the_forward_reads():
+    from sglang.srt.runtime_context import create_context, use_context
+    from sglang.srt.server_args import ServerArgs
+
+    from benchmarks import codec_cost
+    from sglang_edgeacc.tiny_model import model_dir
+
+    args = ServerArgs(model_path=str(model_dir()), load_format="dummy", device="cpu")
+    with use_context(create_context(args, role="scheduler")):
+        batch, local = codec_cost.real_prefill_batch(requests=2, tokens=300)
+        got = unpack_prefill_batch(pack_prefill_batch(batch), LocalObjects(**local))
+        for name in ("prefill_input_ids_cpu", "seq_lens", "seq_lens_cpu", "orig_seq_lens", "out_cache_loc",
+                     "req_pool_indices", "req_pool_indices_cpu"):
+            sent, received = getattr(batch, name), getattr(got, name)
+            assert received.dtype == sent.dtype and torch.equal(received, sent), name
+        info, got_info = batch.sampling_info, got.sampling_info
+        for name in ("temperatures", "top_ps", "top_ks", "min_ps"):
+            assert torch.equal(getattr(got_info, name), getattr(info, name)), name
+        assert got.req_to_token_pool is local["req_to_token_pool"]
+        assert [r.rid for r in got.reqs] == ["r0", "r1"] and list(got.reqs[1].origin_input_ids) == list(
+            batch.reqs[1].origin_input_ids)
+        # The benchmark's control still packs the same batch through torch's reduction.
+        result = codec_cost.measure(requests=1, tokens=64, repeat=1)
+        assert result["message_bytes"] > 0 and result["control_pack_ms"] > 0

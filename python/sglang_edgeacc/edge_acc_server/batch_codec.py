@@ -11,8 +11,10 @@ deserializes it into an object of a class a user may have defined inside a
 function, which pickle cannot name), and the reference to its request that
 sglang puts into the request's ``custom_params`` as a reference to the request
 unpacked with it. Every tensor travels as its own elements only, never the whole storage it may
-be a view of (an allocator's free list, a pool-sized buffer); a device tensor travels as its
-host copy and is rebuilt on the device where the unpacker places it (:class:`CopyStreamPlacement`).
+be a view of (an allocator's free list, a pool-sized buffer), and as the bytes of those elements
+with its dtype and shape rather than through torch's own reduction (a nested pickle per tensor); a
+device tensor travels as its host copy and is rebuilt on the device where the unpacker places it
+(:class:`CopyStreamPlacement`).
 Everything else (requests, sampling parameters) is pickled as is, so a message grows with the
 batch, not with the tokenizer or the pool. All of this is decided in the
 pickler's ``reducer_override``, which pickle does not call for ints, strings and
@@ -100,12 +102,30 @@ class CopyStreamPlacement:
         return tensor
 
 
+def _host_tensor(data: bytes, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """A host tensor of a message, rebuilt from its elements' bytes."""
+    if not data:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
+
+
+def _as_bytes(tensor: torch.Tensor) -> bytes:
+    """The tensor's own elements, in order (also of a view of a larger storage, which pickles all of it)."""
+    return tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
 def _compact(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor with a storage of its own elements (a view of a larger storage would pickle all of it)."""
     storage_bytes = tensor.untyped_storage().nbytes()
     if tensor.is_contiguous() and storage_bytes == tensor.numel() * tensor.element_size():
         return tensor
     return tensor.clone(memory_format=torch.contiguous_format)
+
+
+def _plain_host_tensor(obj) -> bool:
+    """A tensor that travels as its elements' bytes: dense, on the host, outside autograd."""
+    return (type(obj) is torch.Tensor and obj.device.type == "cpu" and obj.layout == torch.strided
+            and not obj.is_quantized and not obj.requires_grad and not obj.is_conj() and not obj.is_neg())
 
 
 @dataclass(frozen=True)
@@ -186,7 +206,11 @@ class _BatchPickler(pickle.Pickler):
                 host = obj.cpu()  # the tensor's own elements, also of a view
                 self._compacted.append(host)
                 return _device_tensor, (host, str(obj.device))
-            compact = _compact(obj)
+            if _plain_host_tensor(obj):
+                # Its bytes, not torch's own reduction: that one builds a storage class and a nested
+                # pickle per tensor, most of the time a batch takes to pack and unpack.
+                return _host_tensor, (_as_bytes(obj), obj.dtype, tuple(obj.shape))
+            compact = _compact(obj)  # any other tensor: torch's reduction, of its own elements only
             if compact is obj:
                 return NotImplemented
             self._compacted.append(compact)
