@@ -102,16 +102,17 @@ class CopyStreamPlacement:
         return tensor
 
 
-def _host_tensor(data: bytes, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-    """A host tensor of a message, rebuilt from its elements' bytes."""
+def _host_tensor(data: bytearray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """A host tensor of a message, rebuilt on its elements' bytes (pickle returns a bytearray as one:
+    writable, so the tensor needs no copy of its own)."""
     if not data:
         return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
+    return torch.frombuffer(data, dtype=torch.uint8).view(dtype).reshape(shape)
 
 
-def _as_bytes(tensor: torch.Tensor) -> bytes:
-    """The tensor's own elements, in order (also of a view of a larger storage, which pickles all of it)."""
-    return tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+def _as_bytes(tensor: torch.Tensor) -> bytearray:
+    """The tensor's own elements in order, only those of a view (not the larger storage it may be part of)."""
+    return bytearray(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())
 
 
 def _compact(tensor: torch.Tensor) -> torch.Tensor:
