@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass
 
 from benchmarks import gpu_share
+from benchmarks.client_gc import ClientPauses
 from tests import serving_models
 from tests.harness import SglangServer, gpu_memory_by_pid
 
@@ -92,6 +93,9 @@ WORKLOADS: dict[str, Workload] = {
     # The sweep's low end, where upstream's best arms may still meet the tight SLO: 24 s of arrivals, as at
     # 4 req/s. Listed last so that the workloads above keep their seeds (and prompts) from earlier runs.
     "poisson_2": Workload(48, 3072, 384, rate=2.0, range_ratio=1 / 3),
+    # Between the sweep's rates, where the tight SLO's attainment falls through 90 % on an H100.
+    "poisson_3": Workload(72, 3072, 384, rate=3.0, range_ratio=1 / 3),
+    "poisson_6": Workload(96, 3072, 384, rate=6.0, range_ratio=1 / 3),
 }
 # A request meets the SLO when its first token comes within max(1 s, 1 ms per prompt token) and no
 # gap between its tokens exceeds 100 ms; the tight SLO asks for the first token within 300 ms.
@@ -133,20 +137,24 @@ def bench_serving_many(plan: dict) -> None:
     """Run upstream's bench_serving once per argument list, in this process (its imports cost once).
 
     With a ``metrics_url``, EdgeAcc's work counters are read before and after each run and
-    written beside its result (``counter_files``).
+    written beside its result (``counter_files``). The client's heap is frozen before each run
+    and its own collector pauses during the run are written beside the result (``gc_files``).
     """
     from sglang.benchmark.serving import cli_main
 
     url = plan.get("metrics_url")
-    for argv, counter_file in zip(plan["runs"], plan["counter_files"]):
+    for argv, counter_file, gc_file in zip(plan["runs"], plan["counter_files"], plan["gc_files"]):
         before = gpu_share.scrape(url) if url else None
         sys.argv = ["sglang.bench_serving", *argv]
+        pauses = ClientPauses().start()
         try:
             cli_main()
         except SystemExit:
             pass
         except Exception as exc:  # noqa: BLE001 - the caller sees a missing result file
             print(f"bench_serving failed: {type(exc).__name__}: {exc}", flush=True)
+        finally:
+            pathlib.Path(gc_file).write_text(json.dumps(pauses.stop()))
         if url:
             time.sleep(1.0)  # upstream's multiprocess collector reads what the schedulers wrote
             pathlib.Path(counter_file).write_text(json.dumps({"before": before, "after": gpu_share.scrape(url)}))
@@ -160,6 +168,7 @@ def run_workloads(server: SglangServer, model: str, workloads: dict[str, Workloa
                  for name, w in workloads.items()],
         "metrics_url": server.url if counters else None,
         "counter_files": [files[name] + ".counters.json" for name in workloads],
+        "gc_files": [files[name] + ".client_gc.json" for name in workloads],
     }
     started = time.monotonic()
     # The child finds this module through PYTHONPATH, whatever directory it starts in.
@@ -179,6 +188,11 @@ def run_workloads(server: SglangServer, model: str, workloads: dict[str, Workloa
         picked["max_itl_ms"] = max(gaps) * 1000 if gaps else None
         picked.update(slo_attainment(result))
         picked["errors"] = sum(1 for e in result.get("errors") or [] if e)
+        gc_file = pathlib.Path(files[name] + ".client_gc.json")
+        if gc_file.exists():
+            seen = json.loads(gc_file.read_text())
+            picked["client_gc_max_ms"] = seen["max_ms"]
+            picked["client_gc_listed"] = seen["listed"]
         counter_file = pathlib.Path(files[name] + ".counters.json")
         if counters and counter_file.exists() and picked.get("duration"):
             seen = json.loads(counter_file.read_text())
@@ -211,6 +225,26 @@ def goodput_rate(arm: dict, key: str = "slo_attainment") -> float | None:
     rates = [WORKLOADS[w].rate for w, r in arm.get("workloads", {}).items()
              if w.startswith("poisson_") and (r.get(key) or 0) >= GOODPUT_ATTAINMENT]
     return max(rates) if rates else None
+
+
+def goodput_crossing(arm: dict, key: str = "slo_attainment") -> tuple[float, bool] | None:
+    """Where the arm's attainment curve falls through 90 %, by linear interpolation between the highest rate
+    that met it and the next rate of the sweep, which did not: (rate, True). A sweep met to its top rate gives
+    (that rate, False): the crossing is above the sweep. None: no rate met it.
+
+    The sweep's rates are far apart (2, 4, 8, 16 req/s), so the highest rate met alone can put two arms
+    a factor of two apart or together that are not.
+    """
+    met = goodput_rate(arm, key)
+    if met is None:
+        return None
+    points = [(rate, r[key]) for rate, r in poisson_sweep(arm) if r.get(key) is not None]
+    above = [(rate, share) for rate, share in points if rate > met]
+    if not above:
+        return met, False
+    next_rate, next_share = above[0]
+    met_share = dict(points)[met]
+    return met + (next_rate - met) * (met_share - GOODPUT_ATTAINMENT) / (met_share - next_share), True
 
 
 def poisson_sweep(arm: dict) -> list[tuple[float, dict]]:
@@ -249,7 +283,31 @@ def attainment_curves(arms: dict) -> str:
             else:
                 versus = f"upstream below {rates[0]:g} req/s on every arm"
             lines.append(f"\ntight-SLO goodput: {arm} {mine} req/s, best upstream ({best_arm}) {best} req/s: {versus}")
+            lines.append(_crossing_line(arm, entry, arms))
     return "\n".join(lines)
+
+
+def _crossing_line(arm: dict, entry: dict, arms: dict) -> str:
+    """The tight-SLO goodput of one EdgeAcc arm against upstream's best, both where their curves cross 90 %."""
+    key = "tight_slo_attainment"
+    crossings = {a: goodput_crossing(e, key) for a, e in arms.items() if a.startswith("upstream") and poisson_sweep(e)}
+    crossings = {a: c for a, c in crossings.items() if c is not None}
+    mine = goodput_crossing(entry, key)
+    if not crossings or mine is None:
+        return f"where the curves cross 90 %: {arm} {_crossing(mine)}, upstream below the sweep"
+    best_arm = max(crossings, key=lambda a: crossings[a][0])
+    best = crossings[best_arm]
+    ratio = f"{'at least ' if not mine[1] else ''}{mine[0] / best[0]:.2f}x"
+    if not best[1]:
+        ratio = "unknown (upstream met the whole sweep)"
+    return f"where the curves cross 90 %: {arm} {_crossing(mine)}, best upstream ({best_arm}) {_crossing(best)}: {ratio}"
+
+
+def _crossing(crossing: tuple[float, bool] | None) -> str:
+    if crossing is None:
+        return "below the sweep"
+    rate, inside = crossing
+    return f"about {rate:.1f} req/s" if inside else f"at least {rate:g} req/s (the sweep's top)"
 
 
 def server_memory(server: SglangServer) -> dict[str, int]:
@@ -405,12 +463,27 @@ def slo_table(arms: dict) -> str:
     return "\n".join(lines)
 
 
+# A client pause from this long on is named in the report beside the gaps it may explain.
+CLIENT_PAUSE_NOTED_MS = 50.0
+
+
+def client_pause_notes(arms: dict) -> str:
+    """Every workload in which the benchmark client's own collector stopped it long enough to show as a gap."""
+    notes = []
+    for arm, entry in arms.items():
+        for w, r in entry.get("workloads", {}).items():
+            if (r.get("client_gc_max_ms") or 0) >= CLIENT_PAUSE_NOTED_MS:
+                notes.append(f"- {arm}/{w}: the client itself paused {r['client_gc_max_ms']:.0f} ms (its garbage "
+                             f"collector); a gap or first token that much longer there is the client's, not the server's")
+    return "\n".join(notes)
+
+
 def report(paths: list[str]) -> str:
     return report_from_arms(merge_runs([json.loads(pathlib.Path(path).read_text()) for path in paths]))
 
 
 def report_from_arms(arms: dict) -> str:
-    extra = [t for t in (gpu_share.share_table(arms), gpu_share.latency_table(arms)) if t]
+    extra = [t for t in (gpu_share.share_table(arms), gpu_share.latency_table(arms), client_pause_notes(arms)) if t]
     curves = attainment_curves(arms)
     return "\n\n".join([ratio_table(arms), slo_table(arms), *([curves] if curves else []), outputs_table(arms),
                         *extra])

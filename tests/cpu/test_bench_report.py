@@ -78,6 +78,21 @@ def test_attainment_curves_list_every_rate_in_order_and_compare_with_the_best_up
     # upstream's best arm at the tight SLO is the mixed-chunk one (2 req/s); EdgeAcc holds it to 8.
     assert "tight-SLO goodput: edgeacc 8.0 req/s, best upstream (upstream-mixed-c2048) 2.0 req/s: 4.00x" in curves
     assert "tight-SLO goodput" in serving_vs_upstream.report_from_arms(arms)
+    # Between the swept rates: EdgeAcc 8 + 8 * 0.02 / 0.42, mixed chunk 2 + 2 * 0.05 / 0.35.
+    assert ("where the curves cross 90 %: edgeacc about 8.4 req/s, best upstream (upstream-mixed-c2048) "
+            "about 2.3 req/s: 3.67x") in curves, curves
+
+
+def test_a_curve_that_meets_the_sweeps_top_crosses_above_it():
+    def at(tight):
+        return {**_result(1000), "slo_attainment": 1.0, "tight_slo_attainment": tight}
+
+    edgeacc = {"workloads": {"poisson_2": at(1.0), "poisson_4": at(0.95)}}
+    assert serving_vs_upstream.goodput_crossing(edgeacc, "tight_slo_attainment") == (4.0, False)
+    assert serving_vs_upstream.goodput_crossing({"workloads": {"poisson_2": at(0.5)}}, "tight_slo_attainment") is None
+    arms = {"upstream": {"workloads": {"poisson_2": at(1.0), "poisson_4": at(0.4)}}, "edgeacc": edgeacc}
+    assert ("edgeacc at least 4 req/s (the sweep's top), best upstream (upstream) about 2.3 req/s: at least 1.71x"
+            in serving_vs_upstream.attainment_curves(arms))
 
 
 def test_the_tight_slo_comparison_says_when_no_upstream_arm_meets_it_anywhere_on_the_sweep():
