@@ -326,6 +326,19 @@ def test_server_info_says_edge_acc_is_on_with_its_split_and_both_sides_pids(cpu_
         f"tp0: decode side pid {decode_pid} (the scheduler), prefill side pid {prefill_pid}"), started
 
 
+def test_the_prefill_sides_process_starts_before_the_decode_side_has_its_pools(cpu_servers):
+    """Its import of sglang runs while the decode side loads; it is given its start once the pools exist.
+    Started when the pools existed, as it was, it spent that import after them, on every start's path."""
+    server = cpu_servers.get(*SHARED_EDGE_ACC_LAUNCH)
+    lines = [line for line in server.log_tail(10**7).splitlines() if not PREFILL_LINE.match(line)]  # the decode side's
+    started = [i for i, line in enumerate(lines) if "[edgeacc decode tp0] prefill side's process started (pid " in line]
+    pools = [i for i, line in enumerate(lines) if "KV Cache is allocated" in line]
+    assert len(started) == 1 and len(pools) == 1, (started, pools)
+    assert started[0] < pools[0]
+    # That process is the one that became the prefill side.
+    assert f"(pid {_side_pid(server, 'prefill')})" in lines[started[0]]
+
+
 # The mark a prefill side adds to upstream's log prefix: "[<time> TP0 edgeacc-prefill] ...".
 PREFILL_LINE = re.compile(r"\[[^\]]* edgeacc-prefill\] ")
 

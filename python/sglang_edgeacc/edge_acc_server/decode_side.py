@@ -23,7 +23,7 @@ import time
 from collections import deque
 
 import torch
-from sglang.srt.runtime_context import get_model, get_parallel
+from sglang.srt.runtime_context import get_device, get_model, get_parallel
 
 from sglang_edgeacc.edge_acc_server import roles, upstream_mirror
 from sglang_edgeacc.edge_acc_server.batch_codec import PrefillBatchNotSendable, UnsendablePart, pack_prefill_batch
@@ -113,9 +113,11 @@ def _metrics_enabled() -> bool:
 class DecodeSideScheduler(EdgeAccSchedulerBase):
     def __init__(self, server_args, port_args, *args, **kwargs):
         self.edge_acc_stats = EdgeAccStats()
-        # Built before upstream's construction, which may already ask is_fully_idle; the
-        # prefill side is spawned once the pools exist, before this side captures its graphs.
+        # Built before upstream's construction, which may already ask is_fully_idle. The prefill
+        # side's process starts now and imports sglang while this side loads; it is given its
+        # start once the pools exist, before this side captures its graphs.
         self.prefill_link = PrefillLink(server_args, port_args, log_prefix=self._edge_log_prefix)
+        self.prefill_link.prestart(torch.device(get_device().device).type)
         flags = get_flags(server_args)
         # The one measure of inter-token time; each step feeds the metrics and the long-gap log.
         self.decode_clock = DecodeStepClock()

@@ -1,10 +1,10 @@
 """The decode side's link to its prefill side: the child process, the channel, the fence, the batch in flight.
 
 One owner for everything the decode side keeps about its prefill side, built
-with the decode side's scheduler (unstarted, so that questions such as "is a
-prefill in flight" have an answer from the start), spawned once the decode
-side's pools exist and before it captures its CUDA graphs (``spawn``), and
-waited for at the end of its start (``wait_ready``). The scheduler decides what to send and what to do
+with the decode side's scheduler, whose first act starts the prefill side's
+process (``prestart``: it imports sglang meanwhile); given its start once the
+decode side's pools exist and before it captures its CUDA graphs (``spawn``),
+and waited for at the end of the decode side's start (``wait_ready``). The scheduler decides what to send and what to do
 with a reply; this component only moves batches across and keeps the rules of
 the link: at most ``depth`` batches in flight, replies answer the batches in the
 order sent, and the ranks of an attention-TP group take a reply in the same step.
@@ -12,6 +12,7 @@ order sent, and the ranks of an attention-TP group take a reply in the same step
 
 from __future__ import annotations
 
+import atexit
 import logging
 import multiprocessing as mp
 import os
@@ -36,6 +37,7 @@ from sglang_edgeacc.edge_acc_server.messages import (
     Shutdown,
 )
 from sglang_edgeacc.edge_acc_server.port_plan import prefill_side_port_args
+from sglang_edgeacc.edge_acc_server.prefill_process import PrefillStart, run_prefill_side
 from sglang_edgeacc.edge_acc_server.shared_state import export_model_runner_state
 from sglang_edgeacc.flags import get_flags
 
@@ -94,6 +96,7 @@ class PrefillLink:
         self._agree_group = None
         self._seq = 0
         self._ready_pipe = None  # the spawned prefill side's start-up report, until wait_ready reads it
+        self._start_pipe = None  # to the started process, until spawn sends it its start
         self._handover: Optional[PendingSend] = None  # the shared state on its way, until wait_ready joins it
         self._device = None
         self._inflight: deque[InflightPrefill] = deque()
@@ -117,19 +120,53 @@ class PrefillLink:
         return [entry.batch for entry in self._inflight]
 
     # ----------------------------------------------------------------- start
-    def spawn(self, model_runner, tp_group, tp_cpu_group, agree_group) -> None:
-        """Spawn the prefill side and hand it the shared state; :meth:`wait_ready` waits for it.
+    def prestart(self, device_type: str) -> None:
+        """Start the prefill side's process now, with its environment; :meth:`spawn` gives it its start.
 
-        Needs the model runner's weights and pools, not its CUDA graphs: spawned before
-        the decode side captures, the prefill side's start (imports, mapping, its own
-        graphs) runs while this side captures. ``tp_group`` picks the prefill sides'
-        ports once for the whole TP group; ``agree_group`` is the group whose ranks take
-        a reply in the same step.
+        Called first thing in the decode side's scheduler: the process imports sglang
+        while this side loads its weights and allocates its pools
+        (:mod:`~sglang_edgeacc.edge_acc_server.prefill_process`).
         """
-        from sglang.srt.managers.scheduler import run_scheduler_process
+        flags = get_flags(self._server_args)
+        endpoint = new_endpoint()
+        self._channel = SideChannel(endpoint, bind=True)
+        self.split = side_split(roles.PREFILL, flags.edge_acc_prefill_sm_percent, flags.edge_acc_sm_partition,
+                                device_type=device_type)
+        env = {
+            roles.ROLE_ENV: roles.PREFILL,
+            roles.CHANNEL_ENV: endpoint,
+            roles.DECODE_PID_ENV: str(os.getpid()),
+            **self.split.env,
+            **mps_priority_env(roles.PREFILL, flags.edge_acc_prefill_mps_priority, flags.edge_acc_sm_partition,
+                               device_type=device_type),
+        }
+        ctx = mp.get_context("spawn")
+        ready_reader, ready_writer = ctx.Pipe(duplex=False)
+        start_reader, start_writer = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(target=run_prefill_side, args=(start_reader, ready_writer), name="edgeacc-prefill")
+        with environment_for_child(env):
+            self._proc.start()
+        ready_writer.close()
+        start_reader.close()
+        logger.info("%s prefill side's process started (pid %d); it imports sglang while this side loads",
+                    self._log_prefix(), self._proc.pid)
+        self._ready_pipe = ready_reader
+        self._start_pipe = start_writer
+        # Ahead of multiprocessing's own exit handler, which joins the process: one still waiting
+        # for its start would otherwise keep this side from exiting.
+        atexit.register(self._close_start_pipe)
+
+    def spawn(self, model_runner, tp_group, tp_cpu_group, agree_group) -> None:
+        """Give the prefill side its start and hand it the shared state; :meth:`wait_ready` waits for it.
+
+        Needs the model runner's weights and pools, not its CUDA graphs: sent before
+        the decode side captures, the prefill side's start (mapping, its own graphs)
+        runs while this side captures. ``tp_group`` picks the prefill sides' ports once
+        for the whole TP group; ``agree_group`` is the group whose ranks take a reply
+        in the same step.
+        """
         from sglang.srt.utils.common import broadcast_pyobj
 
-        flags = get_flags(self._server_args)
         ranks = spawn_ranks()
         self.ranks = ranks
         self._agree_group = agree_group
@@ -141,42 +178,29 @@ class PrefillLink:
             port_args = broadcast_pyobj(port_args, tp_group.rank, tp_cpu_group, src=tp_group.ranks[0])
         port_args = port_args[0]
 
-        endpoint = new_endpoint()
-        self._channel = SideChannel(endpoint, bind=True)
-
-        device_type = torch.device(model_runner.device).type
-        self.split = side_split(roles.PREFILL, flags.edge_acc_prefill_sm_percent, flags.edge_acc_sm_partition,
-                                device_type=device_type)
         self.split.log(self._log_prefix())  # printed here, on the decode side, so under its prefix
-        env = {
-            roles.ROLE_ENV: roles.PREFILL,
-            roles.CHANNEL_ENV: endpoint,
-            roles.DECODE_PID_ENV: str(os.getpid()),
-            **self.split.env,
-            **mps_priority_env(roles.PREFILL, flags.edge_acc_prefill_mps_priority, flags.edge_acc_sm_partition,
-                               device_type=device_type),
-        }
-        ctx = mp.get_context("spawn")
-        reader, writer = ctx.Pipe(duplex=False)
-        self._proc = ctx.Process(
-            target=run_scheduler_process,
-            args=(self._server_args, port_args, ranks.gpu_id, ranks.tp_rank, ranks.pp_rank, ranks.dp_rank, writer),
-            name=f"edgeacc-prefill-tp{ranks.tp_rank}",
-        )
         fail_on_prefill_side_sigquit(self._log_prefix())
         logger.info("%s starting the prefill side", self._log_prefix())
-        with environment_for_child(env):
-            self._proc.start()
-        writer.close()
+        try:
+            self._start_pipe.send(PrefillStart(self._server_args, port_args, ranks.gpu_id, ranks.tp_rank,
+                                               ranks.pp_rank, ranks.dp_rank))
+        except (BrokenPipeError, EOFError, OSError):
+            raise PeerLost(f"the prefill side exited with code {self._proc.exitcode} during start") from None
+        finally:
+            self._close_start_pipe()
 
-        self._ready_pipe = reader
         self._device = model_runner.device
         # Exported here (CUDA IPC handles are taken before this side starts capturing),
-        # sent from a thread: the child connects only once it has imported sglang,
-        # which takes long enough to matter when this side could be capturing meanwhile.
+        # sent from a thread: the child connects only once upstream's scheduler runs in
+        # it, which takes long enough to matter when this side could be capturing meanwhile.
         self._handover = self._channel.send_in_background(
             export_model_runner_state(model_runner), peer_alive=self._proc.is_alive,
             timeout_s=PREFILL_START_TIMEOUT_S)
+
+    def _close_start_pipe(self) -> None:
+        pipe, self._start_pipe = self._start_pipe, None
+        if pipe is not None:
+            pipe.close()
 
     def wait_ready(self) -> None:
         """Block until the spawned prefill side reports ready (it fails the start if it exits first)."""
