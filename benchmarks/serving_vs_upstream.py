@@ -105,6 +105,32 @@ GOODPUT_ATTAINMENT = 0.9
 DRY_WORKLOADS = {name: Workload(4, 64, 8, concurrency=w.concurrency and 2, rate=w.rate, range_ratio=w.range_ratio)
                  for name, w in WORKLOADS.items()}
 
+# What an arm costs, to decide before starting it whether it can end inside the time a device call has left:
+# a start with dummy weights took 100-160 s on an H100 (or the slowest start measured in the run, if longer),
+# the fingerprint about 10 s, a Poisson workload its arrivals and the last answers after them.
+GPU_START_ESTIMATE_S = 160.0
+CPU_START_ESTIMATE_S = 60.0
+FINGERPRINT_S = 10.0
+WORKLOAD_TAIL_S = 15.0
+CLOSED_LOOP_ESTIMATE_S = 90.0  # its length depends on the server; the longest seen on an H200
+
+
+def arm_estimate_s(workloads: dict[str, Workload], start_s: float) -> float:
+    return start_s + FINGERPRINT_S + sum(w.prompts / w.rate + WORKLOAD_TAIL_S if w.rate else CLOSED_LOOP_ESTIMATE_S
+                                         for w in workloads.values())
+
+
+def skip_reason(arm: str, workloads: dict[str, Workload], left_s: float | None, start_s: float) -> str | None:
+    """Why an arm is not started: it would not end in the time left (None: start it, or no limit was given)."""
+    if left_s is None:
+        return None
+    need = arm_estimate_s(workloads, start_s)
+    if need <= left_s:
+        return None
+    return (f"{arm}: not started: {max(left_s, 0):.0f} s left of the time limit, and this arm needs about "
+            f"{need:.0f} s (a start of {start_s:.0f} s, the fingerprint, the workloads); give it a call of its own")
+
+
 def workload_seed(name: str) -> int:
     """The same prompts for a workload on every arm, different prompts for different workloads."""
     return 1 + (list(WORKLOADS).index(name) if name in WORKLOADS else len(WORKLOADS))
@@ -502,6 +528,9 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="")
     parser.add_argument("--workdir", default="")
     parser.add_argument("--report", nargs="*", help="print the table of earlier --out files and exit")
+    parser.add_argument("--time-limit-s", type=float, default=0.0,
+                        help="the time this run has (a device call's limit): an arm that would not end inside "
+                             "what is left is not started, and the run says so")
     parser.add_argument("--gpu-share", action="store_true",
                         help="--enable-metrics on every arm; record each EdgeAcc side's TFLOP/s and GB/s")
     parser.add_argument("--bench-serving-runs", help=argparse.SUPPRESS)  # internal: one process per arm
@@ -534,17 +563,26 @@ def main(argv=None) -> int:
         results["arms"][arm] = entry
         out.write_text(json.dumps(results, indent=1))
 
+    began = time.monotonic()
+    start_s = GPU_START_ESTIMATE_S if args.platform == "cuda" else CPU_START_ESTIMATE_S
     for arm in args.arms.split(","):
+        left_s = args.time_limit_s - (time.monotonic() - began) if args.time_limit_s else None
+        reason = skip_reason(arm, workloads, left_s, start_s)
+        if reason:
+            print(f"[bench] {reason}", flush=True)
+            save(arm, {"not_started": reason})
+            continue
         save(arm, run_arm(arm, args.platform, model, dummy, workloads, log_dir, vocab,
                           layout=tuple(args.layout.split()), counters=args.gpu_share,
                           on_measured=lambda entry, arm=arm: save(arm, entry)))
+        start_s = max(start_s, results["arms"][arm].get("started_s") or 0.0)  # the slowest start seen is the guess
     print(ratio_table(results["arms"]))
     print(slo_table(results["arms"]))
     print(attainment_curves(results["arms"]))
     print(outputs_table(results["arms"]))
     print(gpu_share.share_table(results["arms"]))
     print(gpu_share.latency_table(results["arms"]))
-    return 0 if all("error" not in e for e in results["arms"].values()) else 1
+    return 0 if all("error" not in e and "not_started" not in e for e in results["arms"].values()) else 1
 
 
 if __name__ == "__main__":

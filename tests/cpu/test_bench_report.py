@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from benchmarks import serving_vs_upstream
 
 
@@ -102,3 +104,26 @@ def test_the_tight_slo_comparison_says_when_no_upstream_arm_meets_it_anywhere_on
     arms = {"upstream": {"workloads": {"poisson_2": at(0.5)}},
             "edgeacc": {"workloads": {"poisson_2": at(1.0)}}}
     assert "upstream below 2 req/s on every arm" in serving_vs_upstream.attainment_curves(arms)
+
+
+def test_an_arm_that_would_not_end_in_the_time_left_is_not_started():
+    workloads = {w: serving_vs_upstream.WORKLOADS[w] for w in ("poisson_2", "poisson_4", "poisson_8")}
+    # 160 s start + 10 s fingerprint + (24 + 15) + (24 + 15) + (12 + 15) s of workloads
+    assert serving_vs_upstream.arm_estimate_s(workloads, 160.0) == 275.0
+    assert serving_vs_upstream.skip_reason("edgeacc", workloads, left_s=None, start_s=160.0) is None
+    assert serving_vs_upstream.skip_reason("edgeacc", workloads, left_s=300.0, start_s=160.0) is None
+    reason = serving_vs_upstream.skip_reason("edgeacc", workloads, left_s=200.0, start_s=160.0)
+    assert reason.startswith("edgeacc: not started: 200 s left") and "about 275 s" in reason, reason
+    steady = {"steady": serving_vs_upstream.WORKLOADS["steady"]}  # a closed loop: its length is a guess
+    assert serving_vs_upstream.arm_estimate_s(steady, 100.0) == 200.0
+
+
+def test_a_run_out_of_time_says_which_arms_it_did_not_start_and_fails(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    code = serving_vs_upstream.main(["--platform", "cpu", "--dry-run", "--arms", "upstream,edgeacc",
+                                     "--workloads", "poisson_2", "--time-limit-s", "5", "--out", str(out),
+                                     "--workdir", str(tmp_path)])
+    assert code == 1
+    arms = json.loads(out.read_text())["arms"]
+    assert set(arms) == {"upstream", "edgeacc"} and all("not_started" in entry for entry in arms.values())
+    assert "[bench] upstream: not started: 5 s left" in capsys.readouterr().out
