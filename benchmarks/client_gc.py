@@ -44,8 +44,9 @@ class ClientPauses:
     def stop(self) -> dict:
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
-        return {"collections": self.collections, "by_generation": dict(self.by_generation), "total_ms": round(self.total_ms, 3), "max_ms": round(self.max_ms, 3),
-                "listed": self.listed, "frozen_objects": self.frozen_objects}
+        return {"collections": self.collections, "by_generation": dict(self.by_generation),
+                "total_ms": round(self.total_ms, 3), "max_ms": round(self.max_ms, 3), "listed": self.listed,
+                "frozen_objects": self.frozen_objects}
 
     def _on_gc(self, phase: str, info: dict) -> None:
         now = time.perf_counter()

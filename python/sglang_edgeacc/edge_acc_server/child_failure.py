@@ -16,21 +16,25 @@ A decode side that dies takes its prefill side with it. Upstream arms the parent
 signal (SIGKILL when the parent exits) in a scheduler process only once that process has
 imported sglang, seconds after it was spawned. A decode side killed in that window (the
 server going down at start, the OOM killer) left an orphan that waited ten minutes for
-shared state that would never come. The prefill side arms the
-signal itself and then checks that its parent is still the decode side.
+shared state that would never come. The prefill side's process arms the signal itself,
+first thing, before it imports sglang, and then checks that its parent is still the decode side.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
+import sys
 import threading
 
 from sglang_edgeacc.edge_acc_server import roles
 from sglang_edgeacc.edge_acc_server.channel import PeerLost
 
 logger = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1
 
 
 class PrefillSideFailed(PeerLost):
@@ -55,11 +59,14 @@ def fail_on_prefill_side_sigquit(log_prefix: str) -> bool:
 
 
 def die_with_decode_side(log_prefix: str) -> int:
-    """In a prefill side: exit when the decode side does, also if it already has. Returns its pid."""
-    from sglang.srt.utils.common import kill_itself_when_parent_died
+    """In a prefill side: exit when the decode side does, also if it already has. Returns its pid.
 
+    Needs nothing of sglang (whose own helper for the signal takes seconds to import), so
+    that the prefill side's process can call it before it imports sglang.
+    """
     decode_pid = roles.decode_side_pid()
-    kill_itself_when_parent_died()  # from here on the kernel does it
+    if sys.platform == "linux":
+        ctypes.CDLL("libc.so.6").prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # from here on the kernel does it
     if os.getppid() != decode_pid:
         # The decode side died before the signal was armed; this process was adopted by
         # another (init, in a container). Upstream's error path would send SIGQUIT to that

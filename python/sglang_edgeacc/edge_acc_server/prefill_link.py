@@ -180,11 +180,11 @@ class PrefillLink:
 
         self.split.log(self._log_prefix())  # printed here, on the decode side, so under its prefix
         fail_on_prefill_side_sigquit(self._log_prefix())
-        logger.info("%s starting the prefill side", self._log_prefix())
+        logger.info("%s giving the prefill side its start", self._log_prefix())
         try:
             self._start_pipe.send(PrefillStart(self._server_args, port_args, ranks.gpu_id, ranks.tp_rank,
                                                ranks.pp_rank, ranks.dp_rank))
-        except (BrokenPipeError, EOFError, OSError):
+        except OSError:  # a broken pipe: it exited
             raise PeerLost(f"the prefill side exited with code {self._proc.exitcode} during start") from None
         finally:
             self._close_start_pipe()

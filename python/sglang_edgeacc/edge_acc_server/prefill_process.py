@@ -17,17 +17,11 @@ here ends with nothing run.
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing as mp
-import os
-import signal
-import sys
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from sglang_edgeacc.edge_acc_server import roles
-
-PR_SET_PDEATHSIG = 1
+from sglang_edgeacc.edge_acc_server.child_failure import die_with_decode_side
 
 
 @dataclass(frozen=True)
@@ -44,7 +38,7 @@ class PrefillStart:
 
 def run_prefill_side(start_reader, ready_writer) -> None:
     """The process's target: import, wait for the start, run upstream's scheduler process."""
-    die_with_decode_side()
+    die_with_decode_side("[edgeacc prefill]")
     from sglang.srt.managers.scheduler import run_scheduler_process  # the long part
 
     try:
@@ -58,11 +52,3 @@ def run_prefill_side(start_reader, ready_writer) -> None:
     run_scheduler_process(start.server_args, start.port_args, start.gpu_id, start.tp_rank, start.pp_rank,
                           start.dp_rank, ready_writer)
 
-
-def die_with_decode_side() -> None:
-    """Before the import: the kernel kills this process when the decode side exits, and if it already has,
-    this process exits now (it was adopted by another). Upstream arms the same signal, later."""
-    if sys.platform == "linux":
-        ctypes.CDLL("libc.so.6").prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != roles.decode_side_pid():
-        os._exit(1)

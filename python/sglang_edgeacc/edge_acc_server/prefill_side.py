@@ -29,7 +29,6 @@ from sglang_edgeacc.edge_acc.tensor_share import import_tensors
 from sglang_edgeacc.edge_acc_server import roles
 from sglang_edgeacc.edge_acc_server.batch_codec import CopyStreamPlacement, LocalObjects, unpack_prefill_batch
 from sglang_edgeacc.edge_acc_server.channel import SideChannel
-from sglang_edgeacc.edge_acc_server.child_failure import die_with_decode_side
 from sglang_edgeacc.edge_acc_server.graph_phases import skip_unused_graph_phase
 from sglang_edgeacc.edge_acc_server.group_consensus import all_ranks_agree
 from sglang_edgeacc.edge_acc_server.messages import (
@@ -133,7 +132,7 @@ class PrefillSideScheduler(EdgeAccSchedulerBase):
         What is mapped here is in place before upstream builds the model and the
         pools, so that the hooks of ``patches.edge_acc`` build them around it.
         """
-        decode_pid = die_with_decode_side("[edgeacc prefill]")
+        decode_pid = roles.decode_side_pid()  # its process dies with it from its first line (prefill_process.py)
         self._edge_channel = SideChannel(os.environ[roles.CHANNEL_ENV], bind=False)
         state = self._edge_channel.recv(
             timeout_s=SHARED_STATE_TIMEOUT_S, peer_alive=lambda: _decode_side_alive(decode_pid), what="shared state"
