@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 import psutil
 import requests
 
+from sglang.srt.server_args import DP_ATTENTION_HANDSHAKE_PORT_DELTA, ZMQ_TCP_PORT_DELTA
+
 from sglang_edgeacc.tiny_model import model_dir
 
 # DP-attention launches start 4-5 processes that each import sglang: on a
@@ -35,14 +37,16 @@ STARTUP_TIMEOUT_S = float(os.environ.get("EDGEACC_TEST_STARTUP_TIMEOUT", "480"))
 SERVER_LOG_DIR_ENV = "EDGEACC_SERVER_LOG_DIR"
 
 
-# With DP attention the server binds its HTTP port plus ZMQ_TCP_PORT_DELTA (233)
-# and the next seven ports only after start-up. Ports the kernel hands out for
-# outgoing connections (bind(0), connect()) come from the ephemeral range, so a
-# server port picked there can find port+233 taken by some other connection
-# (the server then fails with "dist_init_port ... is not available in 30 seconds"). Servers
-# therefore get ports below that range, with the derived ones checked free too.
-_DERIVED_PORT_OFFSETS = (0, *range(233, 241))
+# A server binds ports derived from its HTTP port, some only well into its start: with DP attention the
+# workers' handshake (port + DP_ATTENTION_HANDSHAKE_PORT_DELTA) and the distributed init port
+# (port + ZMQ_TCP_PORT_DELTA) with the six ports after it. A test keeps up to four servers (paused, still
+# bound) and starts two at once, so a port is handed out only when none of its derived ports meets a
+# derived port of one handed out before in this process (those may not be bound yet), and each is
+# bindable now. Ports the kernel hands out for outgoing connections come from the ephemeral range, where
+# port + 233 could be taken by some connection meanwhile; servers get ports below it.
+_DERIVED_PORT_OFFSETS = (0, DP_ATTENTION_HANDSHAKE_PORT_DELTA, *range(ZMQ_TCP_PORT_DELTA, ZMQ_TCP_PORT_DELTA + 8))
 _SERVER_PORT_RANGE = (12000, 21500)  # upstream picks its NCCL ports from 22000 up
+_HANDED_OUT: set[int] = set()  # every derived port of every server port this process handed out
 
 
 def _bindable(port: int) -> bool:
@@ -55,11 +59,13 @@ def _bindable(port: int) -> bool:
 
 
 def free_port() -> int:
-    """A server port whose DP-attention companions are free and outside the ephemeral range."""
+    """A server port whose derived ports are free, apart from every earlier one's, below the ephemeral range."""
     rng = random.Random(os.getpid() ^ time.monotonic_ns())
     for _ in range(200):
         port = rng.randrange(*_SERVER_PORT_RANGE)
-        if all(_bindable(port + offset) for offset in _DERIVED_PORT_OFFSETS):
+        derived = {port + offset for offset in _DERIVED_PORT_OFFSETS}
+        if derived.isdisjoint(_HANDED_OUT) and all(_bindable(p) for p in derived):
+            _HANDED_OUT.update(derived)
             return port
     raise RuntimeError(f"no free server port in {_SERVER_PORT_RANGE} after 200 tries")
 
