@@ -48,3 +48,29 @@ def test_an_event_left_on_the_output_is_dropped_not_pickled():
     plain = host_logits_output(_borrowed_output(), return_logprob=False, return_hidden_states=False)
     assert plain.input_logprobs_copy_done is None
     pickle.dumps(plain)
+
+
+def test_the_decode_side_relays_a_replys_tokens_on_the_device_and_processes_them_on_the_host(monkeypatch):
+    # A device whose tensors have no values ("meta") stands for the GPU: reading one on the host raises,
+    # as reading a CUDA tensor waits for its stream. The relay feeds the next decode step and must get
+    # the device tensor; result processing reads every token and must get a host one.
+    from sglang_edgeacc.edge_acc_server import upstream_mirror
+    from sglang_edgeacc.edge_acc_server.decode_side import DecodeSideScheduler
+    from sglang_edgeacc.edge_acc_server.metrics import EdgeAccStats
+
+    seen = {}
+
+    def relay(scheduler, batch, result):
+        seen["relayed"] = result.next_token_ids.device.type
+
+    def process(batch, result):
+        seen["processed"] = result.next_token_ids.tolist()
+
+    monkeypatch.setattr(upstream_mirror, "after_forward", relay)
+    side = SimpleNamespace(edge_acc_stats=EdgeAccStats(), process_batch_result=process,
+                           tp_worker=SimpleNamespace(model_runner=SimpleNamespace(device="meta")))
+    batch = SimpleNamespace(batch_size=lambda: 2)
+    inflight = SimpleNamespace(batch=batch, scheduled_at=0.0, sent_at=0.0)
+    reply = PrefillResult(seq=1, next_token_ids=[5, 9], logits_output=None, forward_ms=1.0)
+    assert DecodeSideScheduler._edge_process_prefill(side, inflight, reply) is batch
+    assert seen == {"relayed": "meta", "processed": [5, 9]}

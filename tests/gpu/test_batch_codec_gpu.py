@@ -13,6 +13,11 @@ standing in for the forward on the current stream:
   memory until that kernel ran, so the next message's copy cannot overwrite it (the control
   without ``record_stream`` reports whether the allocator would have handed the memory over).
 
+The decode side's way back is checked the same way: a reply's first tokens go to the device
+(``decode_side.to_device_unwaited``) while a decode step still runs on the current stream, and
+arrive intact even when the next reply's tokens follow at once; ``torch.tensor(..., device=...)``,
+the control, waits for the step.
+
     PYTHONPATH=python python3 -m pytest -m gpu tests/gpu/test_batch_codec_gpu.py
     PYTHONPATH=python python3 -m tests.gpu.test_batch_codec_gpu     # without pytest
 """
@@ -133,8 +138,32 @@ def check_freed_tensor_outlives_its_reader(record: bool) -> dict:
     return {"record_stream": record, "reader_saw_its_own_values": bool(torch.equal(read, expected))}
 
 
+def time_first_tokens_behind_spin(unwaited: bool) -> dict:
+    from sglang_edgeacc.edge_acc_server.decode_side import to_device_unwaited
+
+    ids = list(range(1000, 1064))
+    to_device_unwaited(torch.tensor(ids), torch.device("cuda", 0))  # warm the pinned allocator
+    torch.cuda.synchronize()
+    _spin(SPIN_S)
+    start = time.perf_counter()
+    if unwaited:
+        first = to_device_unwaited(torch.tensor(ids), torch.device("cuda", 0))
+        # The next reply's tokens, at once: a pinned buffer handed over before the first copy ran would
+        # give the first tensor these values.
+        to_device_unwaited(torch.tensor([7] * len(ids)), torch.device("cuda", 0))
+    else:
+        first = torch.tensor(ids, device="cuda")
+    elapsed = time.perf_counter() - start
+    spin_still_running = not torch.cuda.current_stream().query()
+    torch.cuda.synchronize()
+    return {"unwaited": unwaited, "to_device_ms": round(elapsed * 1e3, 2), "spin_ms": SPIN_S * 1e3,
+            "spin_still_running_after_copy": spin_still_running, "values_intact": first.tolist() == ids}
+
+
 def run_all() -> dict:
     return {
+        "first_tokens_unwaited": time_first_tokens_behind_spin(unwaited=True),
+        "first_tokens_torch_tensor": time_first_tokens_behind_spin(unwaited=False),
         "values": check_values_survive(),
         "placed": time_unpack_behind_spin(placed=True),
         "torch_rebuild": time_unpack_behind_spin(placed=False),
@@ -150,6 +179,10 @@ def _check(results: dict) -> None:
     assert plain["unpack_ms"] > 0.5 * plain["spin_ms"] and not plain["spin_still_running_after_unpack"], plain
     assert placed["unpack_ms"] < 0.25 * placed["spin_ms"] and placed["spin_still_running_after_unpack"], placed
     assert results["freed_with_record"]["reader_saw_its_own_values"], results["freed_with_record"]
+    tokens, control = results["first_tokens_unwaited"], results["first_tokens_torch_tensor"]
+    assert control["to_device_ms"] > 0.5 * control["spin_ms"] and control["values_intact"], control
+    assert tokens["to_device_ms"] < 0.25 * tokens["spin_ms"] and tokens["spin_still_running_after_copy"], tokens
+    assert tokens["values_intact"], tokens
 
 
 if pytest is not None:

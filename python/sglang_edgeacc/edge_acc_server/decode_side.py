@@ -104,6 +104,20 @@ def prefill_path_parts(inflight: InflightPrefill, reply: PrefillResult, taken_at
     return parts
 
 
+def to_device_unwaited(host: torch.Tensor, device) -> torch.Tensor:
+    """``host`` on ``device``, queued on the current stream without waiting for it.
+
+    A copy from pageable memory waits for everything queued on the stream before it; a copy from
+    pinned memory is queued behind it (torch keeps the pinned buffer until the copy has run).
+    """
+    device = torch.device(device)
+    if device.type == "cpu":
+        return host
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
+
+
 def _metrics_enabled() -> bool:
     from sglang.srt.runtime_context import get_observability
 
@@ -502,13 +516,17 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         if self.edge_acc_stats.enabled:
             tokens = batch.extend_num_tokens or 0
             pairs = sum(e * p + e * (e + 1) // 2 for e, p in zip(batch.extend_lens or (), batch.prefix_lens or ()))
-        device = self.tp_worker.model_runner.device
+        host_ids = torch.tensor(reply.next_token_ids, dtype=torch.int64)
         result = GenerationBatchResult(
             logits_output=reply.logits_output,
-            next_token_ids=torch.tensor(reply.next_token_ids, dtype=torch.int64, device=device),
+            next_token_ids=to_device_unwaited(host_ids, self.tp_worker.model_runner.device),
             can_run_cuda_graph=False,
         )
         upstream_mirror.after_forward(self, batch, result)
+        # The relay above feeds the next decode step from the device copy; result processing reads the
+        # tokens on the host, as upstream's overlap schedule hands it a host copy. A device tensor here
+        # made processing wait for the schedule stream twice on every first token's path.
+        result.next_token_ids = host_ids
         self.process_batch_result(batch, result)
         self.edge_acc_stats.record_handoff(taken_at - inflight.sent_at, reply.forward_ms, batch.batch_size(),
                                            tokens=tokens, attention_pairs=pairs,
