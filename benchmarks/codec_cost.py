@@ -67,9 +67,7 @@ def _torch_reduction_pack(batch) -> bytes:
                 return NotImplemented
             return super().reducer_override(obj)
 
-    buffer = io.BytesIO()
-    TorchReduction(buffer, batch_codec._local_types(), batch_codec._batch_parts(batch, None)).dump(batch)
-    return buffer.getvalue()
+    return batch_codec._dump(batch, batch_codec._batch_parts(batch, None), TorchReduction)
 
 
 def _ms(action, repeat: int) -> float:

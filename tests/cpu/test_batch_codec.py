@@ -218,48 +218,69 @@ def test_a_part_left_out_may_be_a_plain_container():
         inner = inner[0]  # down to the part sent as None
 
 
-class _SentFromDevice:
-    """Pickles as the packer sends a device tensor (its host copy, then where to rebuild it); on the CPU
-    the packer never meets a device tensor, so this stands in for one."""
-
-    def __init__(self, host: torch.Tensor):
-        self.host = host
-
-    def __reduce__(self):
-        from sglang_edgeacc.edge_acc_server import batch_codec
-
-        return batch_codec._device_tensor, (self.host, "cpu")
-
-
 class _RecordingPlacement:
     def __init__(self):
         self.placed = []
 
     def place(self, host, device):
-        tensor = host.to(device).clone()
-        self.placed.append((tensor, device))
-        return tensor
+        block = host.to(device).clone()
+        self.placed.append((block, device))
+        return block
 
 
-def test_every_device_tensor_of_a_message_is_rebuilt_where_the_unpacker_places_it():
-    import pickle
+def test_a_messages_device_tensors_travel_as_one_block_and_arrive_as_views_of_one_buffer(monkeypatch):
+    # On the CPU the packer never meets a device tensor: the tensors marked here stand for the batch's
+    # device tensors, everything else about the trip is the real codec's.
+    from sglang_edgeacc.edge_acc_server import batch_codec
 
-    shared = _SentFromDevice(torch.arange(6))
-    message = pickle.dumps(SimpleNamespace(
-        reqs=[], sampling_info=None, input_ids=shared, again=shared, seq_lens=_SentFromDevice(torch.tensor([3, 3])),
-        on_host=torch.ones(2)))
-    placement = _RecordingPlacement()
+    base = torch.arange(40, dtype=torch.int64)
+    on_device = {
+        "input_ids": torch.arange(6),
+        "out_cache_loc": base[3:9],  # a view of a larger storage (a free list)
+        "strided": base.view(5, 8)[:, ::3],  # not contiguous
+        "bf16": torch.tensor([1.5, -2.25, 3.0], dtype=torch.bfloat16),
+        "bool": torch.tensor([True, False, True]),
+        "scalar": torch.tensor(0.75, dtype=torch.float64),
+        "empty": torch.empty((0, 3), dtype=torch.float16),
+        "int32": torch.tensor([3, 3], dtype=torch.int32),
+    }
+    marked = {id(t) for t in on_device.values()}
+    monkeypatch.setattr(batch_codec, "_travels_on_the_device", lambda t: id(t) in marked)
+    batch = SimpleNamespace(reqs=[], sampling_info=None, again=on_device["input_ids"], on_host=torch.ones(2),
+                            **on_device)
+    message = pack_prefill_batch(batch)
     local = LocalObjects(req_to_token_pool=None, token_to_kv_pool=None, token_to_kv_pool_allocator=None,
                          model_config=None)
-    batch = unpack_prefill_batch(message, local, placement)
-    # Each device tensor once, the one sent twice still one tensor; a host tensor stays where it was.
-    assert [device for _, device in placement.placed] == ["cpu", "cpu"]
-    assert batch.input_ids is placement.placed[0][0] and batch.again is batch.input_ids
-    assert torch.equal(batch.input_ids, torch.arange(6)) and torch.equal(batch.seq_lens, torch.tensor([3, 3]))
-    assert torch.equal(batch.on_host, torch.ones(2))
-    # Without a placement (a plain unpickling) the tensor is rebuilt on its device all the same.
+    placement = _RecordingPlacement()
+    got = unpack_prefill_batch(message, local, placement)
+    # One transfer for the whole message, however many device tensors it holds.
+    assert len(placement.placed) == 1 and placement.placed[0][1] == "cpu"
+    block = placement.placed[0][0]
+    for name, sent in on_device.items():
+        received = getattr(got, name)
+        assert received.dtype == sent.dtype and received.shape == sent.shape and torch.equal(received, sent), name
+        assert received.untyped_storage().data_ptr() == block.untyped_storage().data_ptr(), name
+        assert received.data_ptr() % 16 == block.data_ptr() % 16, name  # every tensor aligned in the block
+    # The one sent twice is still one tensor; a host tensor stays where it was, with a storage of its own.
+    assert got.again is got.input_ids
+    assert torch.equal(got.on_host, torch.ones(2)) and got.on_host.untyped_storage().nbytes() == 8
+    # The block holds the tensors' own elements, not the storages they are views of.
+    assert block.numel() <= len(on_device) * 256
+    # Without a placement the block goes to its device all the same.
     plain = unpack_prefill_batch(message, local)
-    assert torch.equal(plain.input_ids, torch.arange(6)) and plain.again is plain.input_ids
+    assert torch.equal(plain.strided, on_device["strided"]) and plain.again is plain.input_ids
+
+
+def test_a_message_refers_to_its_device_tensors_only_through_the_unpacker(monkeypatch):
+    import pickle
+
+    from sglang_edgeacc.edge_acc_server import batch_codec
+
+    tensor = torch.arange(4)
+    monkeypatch.setattr(batch_codec, "_travels_on_the_device", lambda t: t is tensor)
+    _, _, body = pickle.loads(pack_prefill_batch(SimpleNamespace(reqs=[], sampling_info=None, ids=tensor)))
+    with pytest.raises(pickle.UnpicklingError, match="unpack_prefill_batch"):
+        pickle.loads(body)
 
 
 def test_host_tensors_of_every_kind_a_batch_holds_survive_the_trip_as_their_own_bytes():

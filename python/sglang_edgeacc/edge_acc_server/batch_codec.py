@@ -12,9 +12,11 @@ function, which pickle cannot name), and the reference to its request that
 sglang puts into the request's ``custom_params`` as a reference to the request
 unpacked with it. Every tensor travels as its own elements only, never the whole storage it may
 be a view of (an allocator's free list, a pool-sized buffer), and as the bytes of those elements
-with its dtype and shape rather than through torch's own reduction (a nested pickle per tensor); a
-device tensor travels as its host copy and is rebuilt on the device where the unpacker places it
-(:class:`CopyStreamPlacement`).
+with its dtype and shape rather than through torch's own reduction (a nested pickle per tensor). The
+batch's device tensors travel together, as one block of host bytes read back with one wait for the
+device, and come back as views of one device buffer, copied in one transfer that nothing waits for on
+the host (:class:`CopyStreamPlacement`): a copy per tensor waited for the device once per tensor, on
+both sides.
 Everything else (requests, sampling parameters) is pickled as is, so a message grows with the
 batch, not with the tokenizer or the pool. All of this is decided in the
 pickler's ``reducer_override``, which pickle does not call for ints, strings and
@@ -72,22 +74,77 @@ class LocalObjects:
     tokenizer: Any = None
 
 
-def _device_tensor(host: torch.Tensor, device: str) -> torch.Tensor:
-    """A device tensor of a message, rebuilt by an unpacker that places none (a plain ``pickle.loads``)."""
-    return host.to(device)
+def _device_tensor(index: int) -> torch.Tensor:
+    """Stands for the batch's ``index``-th device tensor in a message; :func:`unpack_prefill_batch` binds it."""
+    raise pickle.UnpicklingError("a prefill batch message refers to its device tensors: unpack it with "
+                                 "unpack_prefill_batch")
+
+
+def _travels_on_the_device(obj: torch.Tensor) -> bool:
+    return obj.is_cuda and not obj.requires_grad
+
+
+# Each device tensor starts this far into the block: every dtype's alignment, and that of vector loads.
+_DEVICE_ALIGNMENT = 256
+
+
+@dataclass(frozen=True)
+class _DeviceLayout:
+    """Where each device tensor of a message lies in its block of bytes."""
+
+    device: str
+    tensors: tuple[tuple[torch.dtype, tuple[int, ...], int], ...]  # dtype, shape, offset
+    nbytes: int
+
+
+def _gather_device_tensors(tensors: list[torch.Tensor]) -> tuple[Optional[_DeviceLayout], bytearray]:
+    """The tensors' elements in one block of host bytes; the host waits for the device once, not per tensor."""
+    if not tensors:
+        return None, bytearray()
+    devices = {str(t.device) for t in tensors}
+    if len(devices) != 1:
+        raise ValueError(f"a prefill batch's device tensors are on more than one device: {sorted(devices)}")
+    entries, offset = [], 0
+    for t in tensors:
+        entries.append((t.dtype, tuple(t.shape), offset))
+        offset += -(-t.numel() * t.element_size() // _DEVICE_ALIGNMENT) * _DEVICE_ALIGNMENT
+    on_gpu = tensors[0].is_cuda
+    block = torch.empty(offset, dtype=torch.uint8, pin_memory=on_gpu)
+    for t, (dtype, shape, start) in zip(tensors, entries):
+        if t.numel():
+            _view(block, dtype, shape, start).copy_(t, non_blocking=on_gpu)
+    if on_gpu:
+        torch.cuda.current_stream(tensors[0].device).synchronize()
+    return _DeviceLayout(devices.pop(), tuple(entries), offset), bytearray(block.numpy())
+
+
+def _view(block: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...], start: int) -> torch.Tensor:
+    numel = 1
+    for n in shape:
+        numel *= n
+    return block[start:start + numel * dtype.itemsize].view(dtype).view(shape)
+
+
+def _device_views(layout: Optional[_DeviceLayout], data: bytearray,
+                  placement: Optional["CopyStreamPlacement"]) -> list[torch.Tensor]:
+    if layout is None:
+        return []
+    host = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+    block = placement.place(host, layout.device) if placement is not None else host.to(layout.device)
+    return [_view(block, dtype, shape, start) for dtype, shape, start in layout.tensors]
 
 
 class CopyStreamPlacement:
-    """Rebuilds a message's device tensors on a copy stream of their own.
+    """Copies a message's block of device tensors to the device on a copy stream of its own.
 
-    torch rebuilds an unpickled device tensor with a copy on the current stream that
-    the host waits for, so on a side that still runs the batch before, unpacking the
-    next one waits for that whole forward. On a stream of its own the copy waits for
-    nothing else, so the next batch is ready to launch behind the running one. Each
-    tensor is then marked as used on the stream the forward reads it on
-    (``forward_stream``; the stream current at unpacking if None): its memory comes from
-    the copy stream's pool, and the allocator must not give it to the next message while
-    a forward queued on another stream may still read it.
+    A copy from pageable memory on the current stream waits for everything queued there,
+    so on a side that still runs the batch before, unpacking the next one would wait for
+    that whole forward. Here the block goes from pinned memory on a stream of its own, and
+    the stream the forward reads it on (``forward_stream``; the stream current at unpacking
+    if None) waits for the copy on the device, not the host: the next batch is ready to
+    launch behind the running one at once. The buffer is marked as used on that stream:
+    its memory comes from the copy stream's pool, and the allocator must not give it to
+    the next message while a forward queued on another stream may still read it.
     """
 
     def __init__(self, device: torch.device, forward_stream: Optional[torch.cuda.Stream] = None):
@@ -95,11 +152,20 @@ class CopyStreamPlacement:
         self._forward_stream = forward_stream
 
     def place(self, host: torch.Tensor, device: str) -> torch.Tensor:
+        target = torch.device(device)
+        if target.type != "cuda":
+            return host.to(target)
+        pinned = torch.empty(host.shape, dtype=host.dtype, pin_memory=True)
+        pinned.copy_(host)
         with torch.cuda.stream(self._stream):
-            tensor = host.to(device)  # from pageable memory: returns once the copy is done
-        if tensor.is_cuda:
-            tensor.record_stream(self._forward_stream or torch.cuda.current_stream(tensor.device))
-        return tensor
+            # torch keeps the pinned block until this copy has run.
+            block = pinned.to(target, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record(self._stream)
+        reader = self._forward_stream or torch.cuda.current_stream(target)
+        reader.wait_event(copied)
+        block.record_stream(reader)
+        return block
 
 
 def _host_tensor(data: bytearray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
@@ -200,13 +266,15 @@ class _BatchPickler(pickle.Pickler):
         self._local_types = local_types
         self._parts = parts or _BatchParts({}, {}, {}, {})
         self._compacted: list[torch.Tensor] = []  # alive until the dump ends: pickle memoizes by id
+        self.device_tensors: list[torch.Tensor] = []
 
     def reducer_override(self, obj):
         if isinstance(obj, torch.Tensor) and type(obj) is torch.Tensor:
-            if obj.is_cuda and not obj.requires_grad:
-                host = obj.cpu()  # the tensor's own elements, also of a view
-                self._compacted.append(host)
-                return _device_tensor, (host, str(obj.device))
+            if _travels_on_the_device(obj):
+                # Its elements join the message's block once the dump is done (pickle memoizes the
+                # tensor, so one shared by two fields is one entry and stays shared).
+                self.device_tensors.append(obj)
+                return _device_tensor, (len(self.device_tensors) - 1,)
             if _plain_host_tensor(obj):
                 # Its bytes, not torch's own reduction: that one builds a storage class and a nested
                 # pickle per tensor, most of the time a batch takes to pack and unpack.
@@ -263,16 +331,16 @@ class _LeavingOutPickler(_BatchPickler):
 
 
 class _BatchUnpickler(pickle.Unpickler):
-    def __init__(self, file, local: LocalObjects, placement: Optional[CopyStreamPlacement] = None):
+    def __init__(self, file, local: LocalObjects, device_tensors: list[torch.Tensor]):
         super().__init__(file)
         self._local = local
-        self._placement = placement
+        self._device_tensors = device_tensors
 
     def find_class(self, module, name):
         if module == __name__ and name == _local_object.__name__:
             return self._bind
-        if self._placement is not None and module == __name__ and name == _device_tensor.__name__:
-            return self._placement.place
+        if module == __name__ and name == _device_tensor.__name__:
+            return self._device_tensors.__getitem__
         return super().find_class(module, name)
 
     def persistent_load(self, tag):
@@ -319,11 +387,14 @@ def _batch_parts(batch, tokenizer, leave_out: frozenset[int] = frozenset()) -> _
     )
 
 
-def _dump(obj, parts: _BatchParts) -> bytes:
+def _dump(obj, parts: _BatchParts, pickler_class: Optional[type] = None) -> bytes:
+    """The message: the layout of the device tensors' block, the block, and the pickled batch."""
     buffer = io.BytesIO()
-    pickler = _LeavingOutPickler if parts.left_out else _BatchPickler
-    pickler(buffer, _local_types(), parts).dump(obj)
-    return buffer.getvalue()
+    pickler_class = pickler_class or (_LeavingOutPickler if parts.left_out else _BatchPickler)
+    pickler = pickler_class(buffer, _local_types(), parts)
+    pickler.dump(obj)
+    layout, block = _gather_device_tensors(pickler.device_tensors)
+    return pickle.dumps((layout, block, buffer.getvalue()), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def pack_prefill_batch(batch, tokenizer=None, leave_out: frozenset[int] = frozenset()) -> bytes:
@@ -393,8 +464,9 @@ def _unpicklable_leaves(obj, path: str, parts: _BatchParts, skip: Optional[set[i
 
 
 def unpack_prefill_batch(data: bytes, local: LocalObjects, placement: Optional[CopyStreamPlacement] = None):
-    """The batch ``data`` holds, bound to ``local``; its device tensors rebuilt through ``placement`` if given."""
-    batch = _BatchUnpickler(io.BytesIO(data), local, placement).load()
+    """The batch ``data`` holds, bound to ``local``; its device tensors copied through ``placement`` if given."""
+    layout, block, body = pickle.loads(data)
+    batch = _BatchUnpickler(io.BytesIO(body), local, _device_views(layout, block, placement)).load()
     orchestrator = getattr(batch.sampling_info, "penalizer_orchestrator", None)
     if orchestrator is not None and hasattr(orchestrator, "_batch_ref"):
         # The penalizers reach their batch through this reference.
