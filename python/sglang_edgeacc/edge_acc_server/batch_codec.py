@@ -94,7 +94,6 @@ class _DeviceLayout:
 
     device: str
     tensors: tuple[tuple[torch.dtype, tuple[int, ...], int], ...]  # dtype, shape, offset
-    nbytes: int
 
 
 def _gather_device_tensors(tensors: list[torch.Tensor]) -> tuple[Optional[_DeviceLayout], bytearray]:
@@ -115,7 +114,7 @@ def _gather_device_tensors(tensors: list[torch.Tensor]) -> tuple[Optional[_Devic
             _view(block, dtype, shape, start).copy_(t, non_blocking=on_gpu)
     if on_gpu:
         torch.cuda.current_stream(tensors[0].device).synchronize()
-    return _DeviceLayout(devices.pop(), tuple(entries), offset), bytearray(block.numpy())
+    return _DeviceLayout(devices.pop(), tuple(entries)), bytearray(block.numpy())
 
 
 def _view(block: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...], start: int) -> torch.Tensor:
