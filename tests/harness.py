@@ -10,6 +10,7 @@ backends the GPU host's bundle provides (``--attention-backend triton
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import random
@@ -24,8 +25,6 @@ from dataclasses import dataclass, field
 
 import psutil
 import requests
-
-from sglang.srt.server_args import DP_ATTENTION_HANDSHAKE_PORT_DELTA, ZMQ_TCP_PORT_DELTA
 
 from sglang_edgeacc.tiny_model import model_dir
 
@@ -44,7 +43,6 @@ SERVER_LOG_DIR_ENV = "EDGEACC_SERVER_LOG_DIR"
 # derived port of one handed out before in this process (those may not be bound yet), and each is
 # bindable now. Ports the kernel hands out for outgoing connections come from the ephemeral range, where
 # port + 233 could be taken by some connection meanwhile; servers get ports below it.
-_DERIVED_PORT_OFFSETS = (0, DP_ATTENTION_HANDSHAKE_PORT_DELTA, *range(ZMQ_TCP_PORT_DELTA, ZMQ_TCP_PORT_DELTA + 8))
 _SERVER_PORT_RANGE = (12000, 21500)  # upstream picks its NCCL ports from 22000 up
 _HANDED_OUT: set[int] = set()  # every derived port of every server port this process handed out
 
@@ -58,12 +56,20 @@ def _bindable(port: int) -> bool:
     return True
 
 
+@functools.cache
+def _derived_port_offsets() -> tuple[int, ...]:
+    # Read when the first port is picked, not when the harness is imported (sglang takes seconds to import).
+    from sglang.srt.server_args import DP_ATTENTION_HANDSHAKE_PORT_DELTA, ZMQ_TCP_PORT_DELTA
+
+    return (0, DP_ATTENTION_HANDSHAKE_PORT_DELTA, *range(ZMQ_TCP_PORT_DELTA, ZMQ_TCP_PORT_DELTA + 8))
+
+
 def free_port() -> int:
     """A server port whose derived ports are free, apart from every earlier one's, below the ephemeral range."""
     rng = random.Random(os.getpid() ^ time.monotonic_ns())
     for _ in range(200):
         port = rng.randrange(*_SERVER_PORT_RANGE)
-        derived = {port + offset for offset in _DERIVED_PORT_OFFSETS}
+        derived = {port + offset for offset in _derived_port_offsets()}
         if derived.isdisjoint(_HANDED_OUT) and all(_bindable(p) for p in derived):
             _HANDED_OUT.update(derived)
             return port

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import math
 import pickle
 import weakref
 from dataclasses import dataclass
@@ -118,10 +119,7 @@ def _gather_device_tensors(tensors: list[torch.Tensor]) -> tuple[Optional[_Devic
 
 
 def _view(block: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...], start: int) -> torch.Tensor:
-    numel = 1
-    for n in shape:
-        numel *= n
-    return block[start:start + numel * dtype.itemsize].view(dtype).view(shape)
+    return block[start:start + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
 
 
 def _device_views(layout: Optional[_DeviceLayout], data: bytearray,
@@ -152,10 +150,7 @@ class CopyStreamPlacement:
 
     def place(self, host: torch.Tensor, device: str) -> torch.Tensor:
         target = torch.device(device)
-        if target.type != "cuda":
-            return host.to(target)
-        pinned = torch.empty(host.shape, dtype=host.dtype, pin_memory=True)
-        pinned.copy_(host)
+        pinned = host.pin_memory()
         with torch.cuda.stream(self._stream):
             # torch keeps the pinned block until this copy has run.
             block = pinned.to(target, non_blocking=True)

@@ -111,11 +111,9 @@ def to_device_unwaited(host: torch.Tensor, device) -> torch.Tensor:
     pinned memory is queued behind it (torch keeps the pinned buffer until the copy has run).
     """
     device = torch.device(device)
-    if device.type == "cpu":
-        return host
     if device.type == "cuda":
         return host.pin_memory().to(device, non_blocking=True)
-    return host.to(device)
+    return host.to(device)  # the host tensor itself where the device is the CPU
 
 
 def _metrics_enabled() -> bool:
