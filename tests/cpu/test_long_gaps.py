@@ -48,9 +48,9 @@ def test_a_step_says_which_part_of_the_loop_took_its_time():
     assert steps.result(is_decode=True, beside_prefill=False).parts == {"decode results": pytest.approx(0.02)}
 
 
-def test_a_gap_of_four_targets_is_reported_with_its_largest_part_first(caplog):
+def test_a_gap_of_two_targets_is_reported_with_its_largest_part_first(caplog):
     clock = SteppedClock()
-    gaps = LongGapLog(itl_slo_ms=100.0, log_prefix=lambda: "[edgeacc decode tp0]", clock=clock)
+    gaps = LongGapLog(itl_slo_ms=200.0, log_prefix=lambda: "[edgeacc decode tp0]", clock=clock)
     assert gaps.threshold_s == 0.4
     assert gaps.gap(_step(0.399, {"decode results": 0.399})) is None
     with caplog.at_level(logging.WARNING):
@@ -60,8 +60,15 @@ def test_a_gap_of_four_targets_is_reported_with_its_largest_part_first(caplog):
     assert line in caplog.messages
 
 
-def test_a_small_target_still_reports_from_200_ms():
-    assert LongGapLog(itl_slo_ms=20.0, log_prefix=str).threshold_s == 0.2
+def test_the_default_target_reports_every_gap_the_streaming_slo_counts():
+    # 50 ms by default: a paced step beside a prefill (about one target) is not named, a gap over 100 ms is.
+    gaps = LongGapLog(itl_slo_ms=50.0, log_prefix=str)
+    assert gaps.threshold_s == 0.1
+    assert gaps.gap(_step(0.06)) is None and gaps.gap(_step(0.147)) is not None
+
+
+def test_a_small_target_still_reports_from_100_ms():
+    assert LongGapLog(itl_slo_ms=20.0, log_prefix=str).threshold_s == 0.1
 
 
 def test_at_most_one_line_per_interval_and_the_next_counts_the_ones_held_back():
