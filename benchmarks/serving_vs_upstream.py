@@ -59,8 +59,6 @@ ARMS: dict[str, tuple[tuple[str, ...], bool]] = {
     "edgeacc-no-pace": (("--enable-edge-acc", "--edge-acc-decode-pacing", "off"), True),
     # A looser inter-token target: decode steps 80 ms apart while the prefill side has a batch.
     "edgeacc-itl-100": (("--enable-edge-acc", "--edge-acc-itl-slo-ms", "100"), True),
-    # The prefill side waits at its layers while a decode step runs.
-    "edgeacc-yield": (("--enable-edge-acc", "--edge-acc-prefill-yield", "on"), True),
 }
 
 

@@ -39,7 +39,6 @@ class EdgeAccFlags:
     edge_acc_itl_slo_ms: float = 50.0
     edge_acc_decode_pacing: str = "on"
     edge_acc_prefill_batches_in_flight: int = 2
-    edge_acc_prefill_yield: str = "off"
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> "EdgeAccFlags":
@@ -132,15 +131,6 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "scheduled and handed over while the prefill side runs the current one (as upstream's overlap "
         "schedule schedules its next prefill), so a prompt does not wait in the queue for the batch "
         "before it to come back. Multi-rank groups and priority preemption use 1.",
-    )
-    group.add_argument(
-        "--edge-acc-prefill-yield",
-        choices=("on", "off"),
-        default=EdgeAccFlags.edge_acc_prefill_yield,
-        help="on: while a decode step runs, the prefill side holds its next layer back (a wait on its "
-        "stream, not the host), so the step runs about as short as alone and the prefill side has the "
-        "GPU alone for the rest of the pacer's interval. Needs --edge-acc-sm-partition mps and "
-        "--edge-acc-decode-pacing on; not under --enable-torch-compile.",
     )
     group.add_argument(
         "--edge-acc-skip-preflight",

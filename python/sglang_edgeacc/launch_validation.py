@@ -100,27 +100,6 @@ def _check_percent(flag: str, value: int) -> Optional[str]:
     return f"{flag} {value} is outside 1..100: give the share of the GPU's SMs that side may use, e.g. {flag} 80."
 
 
-def _check_prefill_yield(flags: EdgeAccFlags, args: argparse.Namespace) -> None:
-    """--edge-acc-prefill-yield on works only where the two sides run at once and decode steps leave gaps."""
-    if flags.edge_acc_prefill_yield != "on":
-        return
-    problem = None
-    if flags.edge_acc_sm_partition != "mps":
-        problem = (f"with --edge-acc-sm-partition {flags.edge_acc_sm_partition}: the prefill side's wait "
-                   "holds an SM while the decode step runs, which only MPS runs beside it. Use "
-                   "--edge-acc-sm-partition mps, or --edge-acc-prefill-yield off.")
-    elif flags.edge_acc_decode_pacing != "on":
-        problem = ("with --edge-acc-decode-pacing off: decode steps would run back to back and the prefill "
-                   "side, waiting for each, would not run at all. Drop --edge-acc-decode-pacing off, or "
-                   "use --edge-acc-prefill-yield off.")
-    elif getattr(args, "enable_torch_compile", False):
-        problem = ("with --enable-torch-compile: the decode side's marks around its layers would be "
-                   "traced into compiled graphs, whose order of kernels is the compiler's. Use "
-                   "--edge-acc-prefill-yield off under compile.")
-    if problem:
-        raise EdgeAccConfigError(f"--edge-acc-prefill-yield on {problem}")
-
-
 def validate_launch(flags: EdgeAccFlags, args: argparse.Namespace) -> None:
     for flag, value in (
         ("--edge-acc-prefill-sm-percent", flags.edge_acc_prefill_sm_percent),
@@ -134,7 +113,6 @@ def validate_launch(flags: EdgeAccFlags, args: argparse.Namespace) -> None:
             f"--edge-acc-itl-slo-ms {flags.edge_acc_itl_slo_ms} must be a positive number of milliseconds.")
     if not flags.enable_edge_acc:
         return
-    _check_prefill_yield(flags, args)
     for rule in EDGE_ACC_RULES:
         if rule.broken(args):
             value = getattr(args, rule.flag.lstrip("-").replace("-", "_"), None)

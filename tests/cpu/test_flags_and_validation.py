@@ -56,14 +56,6 @@ ADAPTIVE_RETIRED = ("error: argument --edge-acc-sm-partition: --edge-acc-sm-part
                     "the default split (mps) paces decode steps to --edge-acc-itl-slo-ms",
                     "drop the flag or pass mps")
 TTFT_SLO_RETIRED = ("error: --edge-acc-ttft-slo-ms was retired", "drop it; decode pacing follows --edge-acc-itl-slo-ms")
-# --edge-acc-prefill-yield on with what it cannot run beside: case -> (the extra arguments, what the error names).
-YIELD = ("--enable-edge-acc", "--edge-acc-prefill-yield", "on")
-YIELD_REFUSED = {
-    "green_context": ([*YIELD, "--edge-acc-sm-partition", "green-context"], "with --edge-acc-sm-partition green-context"),
-    "time_sliced": ([*YIELD, "--edge-acc-sm-partition", "none"], "with --edge-acc-sm-partition none"),
-    "no_pacing": ([*YIELD, "--edge-acc-decode-pacing", "off"], "with --edge-acc-decode-pacing off"),
-    "torch_compile": ([*YIELD, "--enable-torch-compile"], "with --enable-torch-compile"),
-}
 RETIRED = {
     "adaptive": (["--enable-edge-acc", "--edge-acc-sm-partition", "adaptive"], ADAPTIVE_RETIRED),
     "adaptive_equals": (["--edge-acc-sm-partition=adaptive"], ADAPTIVE_RETIRED),
@@ -120,9 +112,6 @@ def _cases() -> dict[str, list[str]]:
     ]
     for name, (extra, _) in RETIRED.items():
         cases[f"retired:{name}"] = BASE + extra
-    for name, (extra, _) in YIELD_REFUSED.items():
-        cases[f"yield:{name}"] = BASE + extra
-    cases["yield:accepted"] = BASE + list(YIELD)
     cases["edge:alias"] = BASE + ["--enable-semi-pd-disagg"]
     cases["off"] = list(BASE)
     return cases
@@ -167,19 +156,6 @@ def test_out_of_range_percent_is_refused_with_or_without_edge_acc(parsed, prefix
     assert f"{flag} {value} is outside 1..100" in refused["message"]
 
 
-@pytest.mark.parametrize("case", list(YIELD_REFUSED))
-def test_prefill_yield_is_refused_where_it_cannot_work_naming_both_flags(parsed, case):
-    refused = parsed[f"yield:{case}"]
-    assert refused.get("exit", 0) != 0, f"accepted: {refused}"
-    assert f"--edge-acc-prefill-yield on {YIELD_REFUSED[case][1]}" in refused["message"], refused["message"]
-    assert "--edge-acc-prefill-yield off" in refused["message"]  # the way out
-
-
-def test_prefill_yield_is_off_by_default_and_reaches_the_server_when_on(parsed):
-    assert parsed["yield:accepted"]["flags_after_pickle"]["edge_acc_prefill_yield"] == "on"
-    assert parsed["edge:alias"]["flags"]["edge_acc_prefill_yield"] == "off"
-
-
 @pytest.mark.parametrize("case", list(RETIRED))
 def test_a_retired_flag_stops_the_parse_saying_what_to_do_instead(parsed, case):
     refused = parsed[f"retired:{case}"]
@@ -202,7 +178,6 @@ def test_valid_flags_are_attached_and_survive_pickling(parsed):
         "edge_acc_itl_slo_ms": 50.0,
         "edge_acc_decode_pacing": VALID_PACING,
         "edge_acc_prefill_batches_in_flight": 2,
-        "edge_acc_prefill_yield": "off",
     }
     assert accepted["flags"] == expected
     assert accepted["flags_after_pickle"] == expected

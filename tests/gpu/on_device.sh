@@ -22,7 +22,6 @@
 #                                 empty-unpatched on request; FAULTS_SOAK_S, default 300)
 #   start-failure                 tests/cpu/test_server_start.py in the real server on the GPU (EDGEACC_TEST_PLATFORM=cuda)
 #   codec                         tests.gpu.test_batch_codec_gpu: the next batch unpacks while a forward runs
-#   yield                         tests.gpu.test_prefill_yield_gpu: the prefill stream waits while a decode step runs
 #   bg+STEP                       STEP in the background, beside the steps after it (waited for at the end)
 #
 # EdgeAcc servers are MPS clients of the daemon (EDGEACC_SUITE_MPS_PIPE names its pipe directory);
@@ -109,9 +108,6 @@ run_one() {  # index, kind, a, b
     codec)
       run_step "codec$i" 120 python3 -m tests.gpu.test_batch_codec_gpu
       cp "$WORK/logs/codec$i.log" "$OUT/codec$i.txt" 2>/dev/null ;;
-    yield)
-      run_step "yield$i" 120 python3 -m tests.gpu.test_prefill_yield_gpu
-      cp "$WORK/logs/yield$i.log" "$OUT/yield$i.txt" 2>/dev/null ;;
     mps-priority)
       run_step "mps_priority$i" "${MPS_PRIORITY_LIMIT_S:-150}" env CUDA_MPS_PIPE_DIRECTORY="$EDGEACC_SUITE_MPS_PIPE" \
         CUDA_MPS_LOG_DIRECTORY="$EDGEACC_SUITE_MPS_LOG" PYTHONPATH=python python3 -m benchmarks.latency_physics \

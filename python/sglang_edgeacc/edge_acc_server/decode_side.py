@@ -25,7 +25,7 @@ from collections import deque
 import torch
 from sglang.srt.runtime_context import get_device, get_model, get_parallel
 
-from sglang_edgeacc.edge_acc_server import prefill_yield, roles, upstream_mirror
+from sglang_edgeacc.edge_acc_server import roles, upstream_mirror
 from sglang_edgeacc.edge_acc_server.batch_codec import PrefillBatchNotSendable, UnsendablePart, pack_prefill_batch
 from sglang_edgeacc.edge_acc_server.decode_pacing import DecodePacer
 from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStepClock
@@ -136,7 +136,6 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         self.long_gaps = LongGapLog(flags.edge_acc_itl_slo_ms, self._edge_log_prefix)
         self.decode_pacer = DecodePacer(flags.edge_acc_itl_slo_ms if flags.edge_acc_decode_pacing == "on" else 0.0)
         self._edge_spawn_after_capture = False
-        self._edge_shared_extras: dict = {}  # tensors the prefill side maps beside the model and pools
         # Prefill batches whose first tokens went out while a decode step ran, merged at the top of the loop.
         self._edge_unmerged: deque = deque()
         self._edge_server_info = {"enabled": True}  # completed once the prefill side is ready
@@ -161,31 +160,14 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         # loads weights during it; then the prefill side must map them once upstream is done.
         self._edge_spawn_after_capture = bool(runner.token_to_kv_pool.post_capture_active
                                               or get_model().is_startup_weight_load_overlap)
-        self._edge_mark_decode_layers(runner)
         if not self._edge_spawn_after_capture:
             self._edge_spawn_prefill_side()
         super().init_all_cuda_graphs()
 
-    def _edge_mark_decode_layers(self, runner) -> None:
-        """--edge-acc-prefill-yield on: the flag the prefill side waits on is up while decode layers run.
-
-        Before capture, so that the decode graphs replay its writes.
-        """
-        if get_flags(self.server_args).edge_acc_prefill_yield != "on":
-            return
-        flag = prefill_yield.new_flag(runner.device)
-        if prefill_yield.raise_during_layers(runner.model, flag):
-            self._edge_shared_extras[prefill_yield.FLAG_NAME] = flag
-            logger.info("%s prefill yield on: the prefill side waits at its layers while a decode step runs",
-                        self._edge_log_prefix())
-        else:
-            logger.warning("%s --edge-acc-prefill-yield on: %s has no stack of decoder layers to mark; the "
-                           "prefill side will not yield", self._edge_log_prefix(), type(runner.model).__name__)
-
     def _edge_spawn_prefill_side(self) -> None:
         parallel = get_parallel()
         self.prefill_link.spawn(self.tp_worker.model_runner, parallel.tp_group, parallel.tp_group.cpu_group,
-                                agree_group=parallel.attn_tp_group.cpu_group, extra_tensors=self._edge_shared_extras)
+                                agree_group=parallel.attn_tp_group.cpu_group)
 
     def init_model_worker(self):
         super().init_model_worker()

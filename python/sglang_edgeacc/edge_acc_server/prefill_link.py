@@ -156,12 +156,12 @@ class PrefillLink:
         # for its start would otherwise keep this side from exiting.
         atexit.register(self._close_start_pipe)
 
-    def spawn(self, model_runner, tp_group, tp_cpu_group, agree_group, extra_tensors=None) -> None:
+    def spawn(self, model_runner, tp_group, tp_cpu_group, agree_group) -> None:
         """Give the prefill side its start and hand it the shared state; :meth:`wait_ready` waits for it.
 
         Needs the model runner's weights and pools, not its CUDA graphs: sent before
         the decode side captures, the prefill side's start (mapping, its own graphs)
-        runs while this side captures. ``extra_tensors`` are shared beside the state, by name. ``tp_group`` picks the prefill sides' ports once
+        runs while this side captures. ``tp_group`` picks the prefill sides' ports once
         for the whole TP group; ``agree_group`` is the group whose ranks take a reply
         in the same step.
         """
@@ -194,7 +194,7 @@ class PrefillLink:
         # sent from a thread: the child connects only once upstream's scheduler runs in
         # it, which takes long enough to matter when this side could be capturing meanwhile.
         self._handover = self._channel.send_in_background(
-            export_model_runner_state(model_runner, extra_tensors), peer_alive=self._proc.is_alive,
+            export_model_runner_state(model_runner), peer_alive=self._proc.is_alive,
             timeout_s=PREFILL_START_TIMEOUT_S)
 
     def _close_start_pipe(self) -> None:

@@ -26,7 +26,7 @@ import torch
 from sglang_edgeacc.edge_acc.ordering import ReadFence
 from sglang_edgeacc.edge_acc.sm_partition import green_context_stream_from_env
 from sglang_edgeacc.edge_acc.tensor_share import import_tensors
-from sglang_edgeacc.edge_acc_server import prefill_yield, roles
+from sglang_edgeacc.edge_acc_server import roles
 from sglang_edgeacc.edge_acc_server.batch_codec import CopyStreamPlacement, LocalObjects, unpack_prefill_batch
 from sglang_edgeacc.edge_acc_server.channel import SideChannel
 from sglang_edgeacc.edge_acc_server.graph_phases import skip_unused_graph_phase
@@ -113,7 +113,6 @@ class PrefillSideScheduler(EdgeAccSchedulerBase):
 
     def init_all_cuda_graphs(self):
         skip_unused_graph_phase(roles.PREFILL, self._edge_log_prefix())
-        self._edge_wait_for_decode_layers()
         # Cached blocks are released on both sides of the capture, so the
         # difference is what the captured graphs hold.
         before = release_cached_blocks()
@@ -123,16 +122,6 @@ class PrefillSideScheduler(EdgeAccSchedulerBase):
     def init_model_worker(self):
         super().init_model_worker()
         self._edge_prefill_verify()
-
-    def _edge_wait_for_decode_layers(self) -> None:
-        """Where the decode side marks its layers (--edge-acc-prefill-yield on), each layer here waits
-        for the mark to fall; before capture, so that the prefill graphs replay the waits."""
-        flag = self._edge_shared.extra(prefill_yield.FLAG_NAME)
-        if flag is None:
-            return
-        runner = self.tp_worker.model_runner
-        if prefill_yield.wait_before_layers(runner.model, flag, prefill_yield.wait_for(flag.device)):
-            logger.info("%s yields to decode steps before each layer", self._edge_log_prefix())
 
     def _edge_event_loop(self) -> None:
         self.event_loop_edge_acc_prefill()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Optional
 
 from sglang_edgeacc.edge_acc.tensor_export import export_tensors, module_tensors
 from sglang_edgeacc.edge_acc.tensor_import import ImportedTensors
@@ -49,8 +49,7 @@ def _kv_buffers(kv_pool) -> list:
     return [*kv_pool.k_buffer, *kv_pool.v_buffer]
 
 
-def export_model_runner_state(model_runner, extra: Optional[Mapping] = None) -> SharedState:
-    """The model, the KV buffers and ``req_to_token``; ``extra``: other tensors by name, sent beside them."""
+def export_model_runner_state(model_runner) -> SharedState:
     tensors = {WEIGHT_PREFIX + name: t for name, t in module_tensors(model_runner.model).items()}
     kv_names = []
     for index, buffer in enumerate(_kv_buffers(model_runner.token_to_kv_pool)):
@@ -58,7 +57,6 @@ def export_model_runner_state(model_runner, extra: Optional[Mapping] = None) -> 
         tensors[name] = buffer
         kv_names.append(name)
     tensors[REQ_TO_TOKEN] = model_runner.req_to_token_pool.req_to_token
-    tensors.update(extra or {})
     return SharedState(
         tensors=export_tensors(tensors),
         memory_pool_config=model_runner.memory_pool_config,
@@ -126,10 +124,6 @@ class PrefillSharedState:
 
     def req_to_token(self):
         return self.imported[REQ_TO_TOKEN]
-
-    def extra(self, name: str):
-        """A tensor the decode side sent beside its state (``export_model_runner_state``'s ``extra``), or None."""
-        return self.imported.tensors.get(name)
 
     def verify(self, model_runner) -> None:
         verify_shared_state(model_runner, self.imported, self.state)
