@@ -140,6 +140,17 @@ def test_the_deterministic_compile_family_runs_every_server_without_on_device_tu
     assert "TORCHINDUCTOR_DETERMINISTIC" not in server_suite.server_env("edge-mps", "cuda", fams[FAMILY], {})
 
 
+def test_the_deterministic_family_runs_a_second_edgeacc_server_as_the_first(monkeypatch):
+    # Under the mode plain answers bit for bit as a second plain server; whether EdgeAcc answers as itself
+    # takes a second EdgeAcc server of the same flags and environment.
+    monkeypatch.setenv("EDGEACC_SUITE_MPS_PIPE", "/tmp/edgeacc-test-pipe")
+    family = server_suite.families("cuda")["tiny-torch-compile-deterministic"]
+    assert {"plain-again", "edge-mps", "edge-again"} <= set(family["arms"])
+    assert server_suite.ARM_FLAGS["edge-again"] == server_suite.ARM_FLAGS["edge-mps"]
+    assert server_suite.server_env("edge-again", "cuda", family, {}) == \
+        server_suite.server_env("edge-mps", "cuda", family, {})
+
+
 def test_the_deterministic_family_is_refused_by_name_on_a_torch_without_the_mode(monkeypatch, capsys):
     family = server_suite.families("cuda")["tiny-torch-compile-deterministic"]
     monkeypatch.setattr(server_suite, "inductor_has_deterministic_mode", lambda: False)

@@ -74,6 +74,9 @@ EDGE_ARMS = {
     "edge-no-mps": ("--enable-edge-acc", "--edge-acc-sm-partition", "none"),  # edge-none's flags
     # EdgeAcc beside plain-no-prefill-graph: both sides without prefill graphs.
     "edge-no-prefill-graph": ("--enable-edge-acc", "--disable-prefill-cuda-graph"),
+    # A second EdgeAcc server of edge-mps's flags: EdgeAcc's own spread from server to server, where its
+    # answers move while plain's do not.
+    "edge-again": ("--enable-edge-acc",),
 }
 # EdgeAcc servers are clients of the suite's MPS daemon, plain ones are not; one of each is the other way round.
 PLAIN_MPS_CLIENTS = ("plain-mps",)
@@ -134,7 +137,8 @@ def families(platform: str) -> dict[str, dict]:
         # on the device: if the tunings each server times are what sets EdgeAcc's rounding apart, here it
         # answers exactly as plain, so the token oracle applies again. Picked by name.
         fams["tiny-torch-compile-deterministic"] = dict(
-            model="tiny", args=fams["tiny-torch-compile"]["args"], arms=("plain-again", "edge-mps"), phase=3,
+            model="tiny", args=fams["tiny-torch-compile"]["args"], arms=("plain-again", "edge-mps", "edge-again"),
+            phase=3,
             env={INDUCTOR_DETERMINISTIC_ENV: "1"}, needs_inductor_deterministic=True, compiled_by="plain",
             by_name=True)
         fams["qwen3-8b"] = dict(
