@@ -85,6 +85,10 @@ ARM_FLAGS = {**PLAIN_VARIANTS, **EDGE_ARMS}
 CPU_ARMS = ("edge-mps",)  # the CPU platform has no SMs to split: one EdgeAcc arm shows the flow
 
 
+# How much of each server's log the suite keeps (its end): EDGEACC_SUITE_LOG_CHARS raises it for a run
+# whose logs carry more than the usual start and warnings (TORCH_LOGS=output_code writes every compiled graph).
+LOG_CHARS = int(os.environ.get("EDGEACC_SUITE_LOG_CHARS", "200000"))
+
 # Inductor's mode that picks kernel configs without benchmarking them on the device.
 INDUCTOR_DETERMINISTIC_ENV = "TORCHINDUCTOR_DETERMINISTIC"
 
@@ -577,7 +581,7 @@ def run_phase(fams: dict[str, dict], platform: str, workdir: pathlib.Path, log_d
         stopped.add((name, arm))
         server.stop()
         try:
-            (log_dir / f"{name}_{arm}.log").write_text(server.log_tail(200_000))
+            (log_dir / f"{name}_{arm}.log").write_text(server.log_tail(LOG_CHARS))
         except OSError:
             pass
 
