@@ -26,6 +26,7 @@ class _DecodeBatch:
     def __init__(self, step: int):
         self.step = step
         self.forward_mode = SimpleNamespace(is_decode=lambda: True)
+        self.reqs = [SimpleNamespace()]  # one running request
 
     def copy(self):
         return _DecodeBatch(self.step)

@@ -339,6 +339,33 @@ def test_the_prefill_sides_process_starts_before_the_decode_side_has_its_pools(c
     assert f"(pid {_side_pid(server, 'prefill')})" in lines[started[0]]
 
 
+def test_under_torch_compile_the_prefill_side_starts_once_the_decode_sides_graphs_are_captured(cpu_servers):
+    """Upstream times kernel configs on the device while it captures under compile: nothing else may run then."""
+    server = cpu_servers.get("--enable-edge-acc", "--enable-torch-compile")
+    lines = server.log_tail(10**7).splitlines()
+    later = [i for i, line in enumerate(lines) if "[edgeacc decode tp0] the prefill side starts once this side's "
+             "graphs are captured: --enable-torch-compile times kernel configs" in line]
+    mapped = [i for i, line in enumerate(lines) if PREFILL_LINE.match(line) and "from the decode side" in line]
+    assert len(later) == 1 and len(mapped) == 1, (later, mapped)
+    assert later[0] < mapped[0]
+    assert server.generate("compiled", max_new_tokens=4)["meta_info"]["completion_tokens"] == 4
+    cpu_servers.release("--enable-edge-acc", "--enable-torch-compile")
+
+
+def test_the_prefill_side_starts_beside_the_capture_where_nothing_forbids_it():
+    from sglang_edgeacc.edge_acc_server.decode_side import prefill_start_after_capture
+
+    def why(**changed):
+        return prefill_start_after_capture(**{"pool_resized_after_capture": False,
+                                              "weights_load_during_capture": False, "torch_compile": False,
+                                              **changed})
+
+    assert why() is None
+    assert "resizes the KV pool" in why(pool_resized_after_capture=True)
+    assert "loads weights" in why(weights_load_during_capture=True)
+    assert "--enable-torch-compile" in why(torch_compile=True)
+
+
 # The mark a prefill side adds to upstream's log prefix: "[<time> TP0 edgeacc-prefill] ...".
 PREFILL_LINE = re.compile(r"\[[^\]]* edgeacc-prefill\] ")
 

@@ -7,11 +7,12 @@ long, which part of the loop is named, and how often a line is written. The deco
 
 from __future__ import annotations
 
+import gc
 import logging
 
 import pytest
 
-from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStep, DecodeStepClock
+from sglang_edgeacc.edge_acc_server.decode_step_times import GC_PART, DecodeStep, DecodeStepClock, GcTimer
 from sglang_edgeacc.edge_acc_server.long_gaps import MIN_INTERVAL_S, LongGapLog
 
 
@@ -46,6 +47,40 @@ def test_a_step_says_which_part_of_the_loop_took_its_time():
     assert steps.result(is_decode=True, beside_prefill=False) is None
     clock.now += 0.02
     assert steps.result(is_decode=True, beside_prefill=False).parts == {"decode results": pytest.approx(0.02)}
+
+
+def test_a_garbage_collection_inside_a_part_is_named_as_its_own_part():
+    """A real collection, made to last 150 ms on the stepped clock: it is taken out of the part it stopped."""
+    clock = SteppedClock()
+
+    def slow_collection(phase, info):
+        if phase == "start":
+            clock.now += 0.15
+
+    timer = GcTimer(clock)
+    gc.callbacks.append(slow_collection)  # after the timer's: inside the bracket it measures
+    try:
+        steps = DecodeStepClock(clock, gc_timer=timer)
+        steps.result(is_decode=True, beside_prefill=False)
+        clock.now += 0.004
+        steps.mark("prefill hand-off")
+        clock.now += 0.003
+        gc.collect()
+        steps.mark("decode launch")
+        clock.now += 0.002
+        step = steps.result(is_decode=True, beside_prefill=False)
+    finally:
+        gc.callbacks.remove(slow_collection)
+        timer.stop()
+    assert timer._on_collection not in gc.callbacks
+    assert step.parts[GC_PART] == pytest.approx(0.15)
+    assert step.parts["decode launch"] == pytest.approx(0.003)
+    assert step.parts["prefill hand-off"] == pytest.approx(0.004)
+    assert sum(step.parts.values()) == pytest.approx(step.seconds)
+    gaps = LongGapLog(itl_slo_ms=50.0, log_prefix=lambda: "[edgeacc decode tp0]", clock=clock)
+    line = gaps.gap(step, requests=16)
+    assert "ms between two decode results of 16 running requests (reported from 100 ms)" in line
+    assert line.endswith("the loop's parts in ms: garbage collection 150, prefill hand-off 4, decode launch 3, decode results 2")
 
 
 def test_a_gap_of_two_targets_is_reported_with_its_largest_part_first(caplog):

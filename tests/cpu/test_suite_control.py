@@ -161,6 +161,32 @@ def test_the_deterministic_family_is_refused_by_name_on_a_torch_without_the_mode
     assert "tiny-torch-compile-deterministic" in err and "TORCHINDUCTOR_DETERMINISTIC" in err
 
 
+# A kernel of a server of the deterministic family on an H100 (torch 2.11, TORCH_LOGS=output_code): compiled
+# without the mode although TORCHINDUCTOR_DETERMINISTIC=1 was in that server's environment.
+KERNEL_LINE = (
+    '[rank0]:V1206 13:40:00.320000 2500 torch/_inductor/graph.py:2552] [3/0] [__output_code]     inductor'
+    "_meta={'grid_type': 'Grid1D', 'autotune_hints': set(), 'kernel_name': 'triton_poi_fused_embedding_0'"
+    ", 'mutated_arg_names': [], 'optimize_mem': True, 'no_x_dim': False, 'atomic_add_found': False, 'num_"
+    "load': 1, 'num_store': 1, 'num_reduction': 0, 'backend_hash': '91D1D1166449D9E2EB66EB9770C9E2C3B0FEB"
+    "787341F27FEB4D3F0338DA50336', 'assert_indirect_indexing': True, 'autotune_local_cache': True, 'autot"
+    "une_pointwise': True, 'autotune_remote_cache': None, 'force_disable_caches': True, 'dynamic_scale_rb"
+    "lock': True, 'max_autotune': True, 'max_autotune_pointwise': False, 'min_split_scan_rblock': 256, 's"
+    "pill_threshold': 16, 'store_cubin': False, 'deterministic': False, 'force_filter_reduction_configs':"
+    " False, 'mix_order_reduction_allow_multi_stages': False, 'are_deterministic_algorithms_enabled': Fal"
+    "se, 'coordinate_descent_tuning': True, 'coordinate_descent_search_radius': 1, 'coordinate_descent_ch"
+    "eck_all_directions': False, 'tiling_scores': {'x': 1024}},"
+)
+
+
+def test_the_deterministic_family_reads_from_each_servers_kernels_whether_the_mode_was_in_effect():
+    off = "\n".join(["[suite] started", KERNEL_LINE, KERNEL_LINE.replace("embedding_0", "embedding_1")])
+    assert server_suite.deterministic_mode_in_log(off) is False
+    on = off.replace("'deterministic': False", "'deterministic': True")
+    assert server_suite.deterministic_mode_in_log(on) is True
+    assert server_suite.deterministic_mode_in_log(on + "\n" + KERNEL_LINE) is False  # one kernel without it
+    assert server_suite.deterministic_mode_in_log("no generated code in this log") is None
+
+
 def test_where_tokens_are_the_oracle_a_second_plain_server_must_answer_as_the_first(recorded):
     plain = recorded[FAMILY]["arms"]["plain"]["result"]
     again = copy.deepcopy(plain)

@@ -102,6 +102,20 @@ def inductor_has_deterministic_mode() -> bool:
     return hasattr(config, "deterministic")
 
 
+_MODE_IN_KERNEL = re.compile(r"inductor_meta=\{[^\n]*?'deterministic': (True|False)")
+
+
+def deterministic_mode_in_log(log: str) -> bool | None:
+    """Whether the kernels a server compiled were compiled under inductor's deterministic mode.
+
+    Read from the generated code its log carries under ``TORCH_LOGS=output_code`` (each Triton kernel's
+    ``inductor_meta``): True when every kernel says so, False when any does not, None when the log has
+    no kernel (the mode cannot be told from outside the server otherwise).
+    """
+    found = {m.group(1) for m in _MODE_IN_KERNEL.finditer(log)}
+    return None if not found else found == {"True"}
+
+
 def families(platform: str) -> dict[str, dict]:
     tiny_pool = ("--max-total-tokens", "40000", "--mem-fraction-static", "0.3", "--max-running-requests", "32")
     gpu = platform == "cuda"
@@ -555,6 +569,13 @@ def run_phase(fams: dict[str, dict], platform: str, workdir: pathlib.Path, log_d
             entry["self_check_problems"] = self_checks(entry["result"], sensitive,
                                                        expect_cache_hits="--dp" not in fam["args"],
                                                        self_consistent=fam.get("oracle") != "topk")
+            if fam.get("needs_inductor_deterministic"):
+                # The family means nothing where the mode did not reach the server's compile.
+                mode = entry["inductor_deterministic"] = deterministic_mode_in_log(server.log_tail(LOG_CHARS))
+                if mode is False:
+                    entry["self_check_problems"].append(
+                        f"inductor's deterministic mode was not in effect: this server compiled kernels with "
+                        f"'deterministic': False although {INDUCTOR_DETERMINISTIC_ENV}=1 was in its environment")
         except Exception:
             entry["error"] = traceback.format_exc()[-3000:]
             entry["log_tail"] = server.log_tail(4000)

@@ -21,6 +21,7 @@ import logging
 import os
 import time
 from collections import deque
+from typing import Optional
 
 import torch
 from sglang.srt.runtime_context import get_device, get_model, get_parallel
@@ -28,7 +29,7 @@ from sglang.srt.runtime_context import get_device, get_model, get_parallel
 from sglang_edgeacc.edge_acc_server import roles, upstream_mirror
 from sglang_edgeacc.edge_acc_server.batch_codec import PrefillBatchNotSendable, UnsendablePart, pack_prefill_batch
 from sglang_edgeacc.edge_acc_server.decode_pacing import DecodePacer
-from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStepClock
+from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStepClock, GcTimer
 from sglang_edgeacc.edge_acc_server.graph_phases import skip_unused_graph_phase
 from sglang_edgeacc.edge_acc_server.long_gaps import LongGapLog
 from sglang_edgeacc.edge_acc_server.metrics import EdgeAccStats
@@ -93,6 +94,25 @@ def fail_unsendable_requests(reqs, parts: tuple[UnsendablePart, ...], log_prefix
     return failed
 
 
+def prefill_start_after_capture(*, pool_resized_after_capture: bool, weights_load_during_capture: bool,
+                                torch_compile: bool) -> Optional[str]:
+    """Why the prefill side starts only after the decode side captured its graphs (None: it starts before).
+
+    It starts before where it can: its own start (mapping, capturing its prefill graphs) then overlaps
+    this side's capture. Not where what it maps is not final until upstream's capture is over, nor
+    under torch.compile, where upstream times kernel configs on the device while it captures: a
+    prefill side capturing on the same GPU changes those timings, and a config chosen otherwise
+    rounds otherwise, so the decode side would not answer as plain sglang does.
+    """
+    if pool_resized_after_capture:
+        return "upstream resizes the KV pool after its capture"
+    if weights_load_during_capture:
+        return "upstream still loads weights while it captures"
+    if torch_compile:
+        return "--enable-torch-compile times kernel configs on the GPU during the capture, alone"
+    return None
+
+
 def prefill_path_parts(inflight: InflightPrefill, reply: PrefillResult, taken_at: float,
                        processed_at: float) -> dict[str, float]:
     """Seconds a prefill batch spent in each part of its way, from scheduling until its result is processed."""
@@ -132,7 +152,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         self.prefill_link.prestart(torch.device(get_device().device).type)
         flags = get_flags(server_args)
         # The one measure of inter-token time; each step feeds the metrics and the long-gap log.
-        self.decode_clock = DecodeStepClock()
+        self.decode_clock = DecodeStepClock(gc_timer=GcTimer())
         self.long_gaps = LongGapLog(flags.edge_acc_itl_slo_ms, self._edge_log_prefix)
         self.decode_pacer = DecodePacer(flags.edge_acc_itl_slo_ms if flags.edge_acc_decode_pacing == "on" else 0.0)
         self._edge_spawn_after_capture = False
@@ -156,12 +176,16 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
             )
         skip_unused_graph_phase(roles.DECODE, self._edge_log_prefix())
         runner = self.tp_worker.model_runner
-        # The pools and weights are final here unless upstream resizes the KV pool after capture or still
-        # loads weights during it; then the prefill side must map them once upstream is done.
-        self._edge_spawn_after_capture = bool(runner.token_to_kv_pool.post_capture_active
-                                              or get_model().is_startup_weight_load_overlap)
-        if not self._edge_spawn_after_capture:
+        why_later = prefill_start_after_capture(
+            pool_resized_after_capture=bool(runner.token_to_kv_pool.post_capture_active),
+            weights_load_during_capture=bool(get_model().is_startup_weight_load_overlap),
+            torch_compile=bool(self.server_args.enable_torch_compile))
+        self._edge_spawn_after_capture = why_later is not None
+        if why_later is None:
             self._edge_spawn_prefill_side()
+        else:
+            logger.info("%s the prefill side starts once this side's graphs are captured: %s",
+                        self._edge_log_prefix(), why_later)
         super().init_all_cuda_graphs()
 
     def _edge_spawn_prefill_side(self) -> None:
@@ -288,6 +312,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
                     continue  # a prefill reply came during the wait: hand over the next batch first
 
                 batch = self._edge_next_decode_batch()
+                self.decode_clock.mark("decode batch")
                 self.cur_batch_for_debug = batch
                 result = None
                 if batch is not None:
@@ -377,7 +402,8 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         step = self.decode_clock.result(batch.forward_mode.is_decode(), beside_prefill=beside_prefill)
         if step is None:
             return
-        self.long_gaps.gap(step)
+        # The batch's size, as the step ran it: a stall seen once per size points at what a size does first.
+        self.long_gaps.gap(step, requests=len(batch.reqs))
         if self.edge_acc_stats.enabled:
             # Each request attended to its whole sequence but the token this step appended.
             context = sum(len(req.origin_input_ids) + len(req.output_ids) - 1 for req in batch.reqs)

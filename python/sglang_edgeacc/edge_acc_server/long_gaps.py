@@ -35,8 +35,8 @@ class LongGapLog:
         self._last_line: Optional[float] = None
         self._held_back = 0
 
-    def gap(self, step: DecodeStep) -> Optional[str]:
-        """One timed step; returns the line logged, if any."""
+    def gap(self, step: DecodeStep, requests: Optional[int] = None) -> Optional[str]:
+        """One timed step (of ``requests`` running requests, where known); returns the line logged, if any."""
         seconds = step.seconds
         if seconds < self.threshold_s:
             return None
@@ -47,7 +47,8 @@ class LongGapLog:
         self._last_line = now
         where = ", ".join(f"{part} {spent * 1000:.0f}" for part, spent in
                           sorted(step.parts.items(), key=lambda item: item[1], reverse=True))
-        line = (f"{self._log_prefix()} {seconds * 1000:.0f} ms between two decode results "
+        of_batch = f" of {requests} running requests" if requests is not None else ""
+        line = (f"{self._log_prefix()} {seconds * 1000:.0f} ms between two decode results{of_batch} "
                 f"(reported from {self.threshold_s * 1000:.0f} ms); the loop's parts in ms: {where}")
         if self._held_back:
             line += f"; {self._held_back} more such gaps since the last report"
