@@ -6,7 +6,12 @@ and measured on the same workloads with ``python -m sglang.bench_serving``
 (``random-ids`` prompts of exact lengths, streaming, ``ignore_eos``): total
 throughput, TTFT and ITL percentiles and the worst inter-token gap. Before the
 workloads, each arm runs the GPU server suite's fingerprint (greedy outputs)
-so the comparison also says whether EdgeAcc answered as upstream did.
+so the comparison also says whether EdgeAcc answered as upstream did. Then each arm
+is warmed (:func:`warm_batch_sizes`): one batch of short requests whose decode runs
+through every batch size the decode graphs cover, so that what a server does once
+in its life at a new batch size (a kernel specialisation compiled, a graph launched
+for the first time) is not counted in the first workload that reaches it, on either
+arm. ``--cold`` leaves the warm-up out.
 
     # GPU host, from the repository root, MPS daemon up (EDGEACC_SUITE_MPS_PIPE names its pipe dir):
     source .gpu-bundle/env.sh && python3 -m benchmarks.serving_vs_upstream --out $OUT/bench.json \\
@@ -32,11 +37,14 @@ import argparse
 import json
 import os
 import pathlib
+import random
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
+
+import requests
 
 from benchmarks import gpu_share
 from benchmarks.client_gc import ClientPauses
@@ -48,6 +56,9 @@ MODULE = "benchmarks.serving_vs_upstream"
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 COMMON_ARGS = ("--mem-fraction-static", "0.6", "--cuda-graph-max-bs-decode", "128")
+# The warm-up's batch: every decode batch size the graphs of COMMON_ARGS cover; a handful on the CPU.
+WARM_UP_BATCH = {"cuda": 128, "cpu": 4}
+WARM_UP_PROMPT_TOKENS = 16
 
 # name -> (flags, uses MPS)
 ARMS: dict[str, tuple[tuple[str, ...], bool]] = {
@@ -107,16 +118,17 @@ DRY_WORKLOADS = {name: Workload(4, 64, 8, concurrency=w.concurrency and 2, rate=
 
 # What an arm costs, to decide before starting it whether it can end inside the time a device call has left:
 # a start with dummy weights took 100-160 s on an H100 (or the slowest start measured in the run, if longer),
-# the fingerprint about 10 s, a Poisson workload its arrivals and the last answers after them.
+# the fingerprint about 10 s, the warm-up a few seconds, a Poisson workload its arrivals and the last answers after them.
 GPU_START_ESTIMATE_S = 160.0
 CPU_START_ESTIMATE_S = 60.0
 FINGERPRINT_S = 10.0
+WARM_UP_S = 5.0
 WORKLOAD_TAIL_S = 15.0
 CLOSED_LOOP_ESTIMATE_S = 90.0  # its length depends on the server; the longest seen on an H200
 
 
 def arm_estimate_s(workloads: dict[str, Workload], start_s: float) -> float:
-    return start_s + FINGERPRINT_S + sum(w.prompts / w.rate + WORKLOAD_TAIL_S if w.rate else CLOSED_LOOP_ESTIMATE_S
+    return start_s + FINGERPRINT_S + WARM_UP_S + sum(w.prompts / w.rate + WORKLOAD_TAIL_S if w.rate else CLOSED_LOOP_ESTIMATE_S
                                          for w in workloads.values())
 
 
@@ -350,9 +362,25 @@ def server_memory(server: SglangServer) -> dict[str, int]:
     return found
 
 
+def warm_batch_sizes(server: SglangServer, batch: int, vocab: int) -> list[int]:
+    """One batched request of ``batch`` short prompts, the i-th answered with exactly i tokens.
+
+    All arrive at once, and one request finishes at every decode step after the
+    first finished, so the running batch passes through every size from ``batch``
+    down to one. Returns each answer's length.
+    """
+    rng = random.Random(7)
+    prompts = [[rng.randrange(3, vocab) for _ in range(WARM_UP_PROMPT_TOKENS)] for _ in range(batch)]
+    params = [{"max_new_tokens": n, "temperature": 0, "ignore_eos": True} for n in range(1, batch + 1)]
+    response = requests.post(f"{server.url}/generate", json={"input_ids": prompts, "sampling_params": params},
+                             timeout=300)
+    response.raise_for_status()
+    return [len(out["output_ids"]) for out in response.json()]
+
+
 def run_arm(arm: str, platform: str, model: str, dummy: bool, workloads: dict[str, Workload],
             log_dir: pathlib.Path, fingerprint_vocab: int, layout: tuple[str, ...] = (),
-            counters: bool = False, on_measured=None) -> dict:
+            counters: bool = False, on_measured=None, warm_up: bool = True) -> dict:
     """One arm: start its server, fingerprint it, run the workloads, stop it.
 
     ``on_measured(entry)`` is called once the measurements are in, before the server
@@ -378,6 +406,10 @@ def run_arm(arm: str, platform: str, model: str, dummy: bool, workloads: dict[st
         entry["started_s"] = round(server.started_s, 1)
         print(f"[bench] {arm}: healthy after {server.started_s:.0f} s", flush=True)
         entry["fingerprint"] = fingerprint(server, fingerprint_vocab, sensitive=False)
+        if warm_up:
+            t0 = time.monotonic()
+            lengths = warm_batch_sizes(server, WARM_UP_BATCH[platform], fingerprint_vocab)
+            entry["warm_up"] = {"batch": len(lengths), "seconds": round(time.monotonic() - t0, 1)}
         entry["gpu_mib"] = server_memory(server)
         entry["workloads"] = run_workloads(server, model, workloads, log_dir, counters=counters)
         entry["gpu_mib_after_load"] = server_memory(server)
@@ -533,6 +565,9 @@ def main(argv=None) -> int:
                              "what is left is not started, and the run says so")
     parser.add_argument("--gpu-share", action="store_true",
                         help="--enable-metrics on every arm; record each EdgeAcc side's TFLOP/s and GB/s")
+    parser.add_argument("--cold", action="store_true",
+                        help="no warm-up: each workload also pays what a server does once at a batch size it has "
+                             "not run before (the workload first to reach a size pays it)")
     parser.add_argument("--bench-serving-runs", help=argparse.SUPPRESS)  # internal: one process per arm
     args = parser.parse_args(argv)
     if args.bench_serving_runs:
@@ -574,7 +609,7 @@ def main(argv=None) -> int:
             continue
         save(arm, run_arm(arm, args.platform, model, dummy, workloads, log_dir, vocab,
                           layout=tuple(args.layout.split()), counters=args.gpu_share,
-                          on_measured=lambda entry, arm=arm: save(arm, entry)))
+                          on_measured=lambda entry, arm=arm: save(arm, entry), warm_up=not args.cold))
         start_s = max(start_s, results["arms"][arm].get("started_s") or 0.0)  # the slowest start seen is the guess
     print(ratio_table(results["arms"]))
     print(slo_table(results["arms"]))

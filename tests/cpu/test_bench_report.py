@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from benchmarks import serving_vs_upstream
+from benchmarks import gpu_share, serving_vs_upstream
+from tests.harness import SHARED_EDGE_ACC_LAUNCH
 
 
 def _result(tok_s: float) -> dict:
@@ -108,14 +109,14 @@ def test_the_tight_slo_comparison_says_when_no_upstream_arm_meets_it_anywhere_on
 
 def test_an_arm_that_would_not_end_in_the_time_left_is_not_started():
     workloads = {w: serving_vs_upstream.WORKLOADS[w] for w in ("poisson_2", "poisson_4", "poisson_8")}
-    # 160 s start + 10 s fingerprint + (24 + 15) + (24 + 15) + (12 + 15) s of workloads
-    assert serving_vs_upstream.arm_estimate_s(workloads, 160.0) == 275.0
+    # 160 s start + 10 s fingerprint + 5 s warm-up + (24 + 15) + (24 + 15) + (12 + 15) s of workloads
+    assert serving_vs_upstream.arm_estimate_s(workloads, 160.0) == 280.0
     assert serving_vs_upstream.skip_reason("edgeacc", workloads, left_s=None, start_s=160.0) is None
     assert serving_vs_upstream.skip_reason("edgeacc", workloads, left_s=300.0, start_s=160.0) is None
     reason = serving_vs_upstream.skip_reason("edgeacc", workloads, left_s=200.0, start_s=160.0)
-    assert reason.startswith("edgeacc: not started: 200 s left") and "about 275 s" in reason, reason
+    assert reason.startswith("edgeacc: not started: 200 s left") and "about 280 s" in reason, reason
     steady = {"steady": serving_vs_upstream.WORKLOADS["steady"]}  # a closed loop: its length is a guess
-    assert serving_vs_upstream.arm_estimate_s(steady, 100.0) == 200.0
+    assert serving_vs_upstream.arm_estimate_s(steady, 100.0) == 205.0
 
 
 def test_a_run_out_of_time_says_which_arms_it_did_not_start_and_fails(tmp_path, capsys):
@@ -127,3 +128,22 @@ def test_a_run_out_of_time_says_which_arms_it_did_not_start_and_fails(tmp_path, 
     arms = json.loads(out.read_text())["arms"]
     assert set(arms) == {"upstream", "edgeacc"} and all("not_started" in entry for entry in arms.values())
     assert "[bench] upstream: not started: 5 s left" in capsys.readouterr().out
+
+
+def test_the_warm_up_runs_its_requests_together_through_every_batch_size(cpu_servers):
+    """On the real EdgeAcc server: each answer as long as asked, all decoded in one shrinking batch."""
+    server = cpu_servers.get(*SHARED_EDGE_ACC_LAUNCH)
+    before = gpu_share.scrape(server.url)
+    lengths = serving_vs_upstream.warm_batch_sizes(server, batch=6, vocab=500)
+    after = gpu_share.scrape(server.url)
+    assert lengths == [1, 2, 3, 4, 5, 6]
+
+    def delta(name):
+        return sum(after.get(k, 0.0) - before.get(k, 0.0) for k in after if k.split(".")[0] == name)
+
+    steps, requests = delta("decode_steps"), delta("decode_step_requests")
+    # The first token of each comes from the prefill, then one batch decodes from 5 requests down to 1;
+    # the counters time a step against the one before, so the first is not counted: 4 + 3 + 2 + 1.
+    # One request at a time would be 10 steps of one request. (A scheduler that found the requests in two
+    # prefill batches would still decode most of them together.)
+    assert requests >= 10 and requests / steps >= 2.0, (steps, requests)
