@@ -79,8 +79,22 @@ def test_a_garbage_collection_inside_a_part_is_named_as_its_own_part():
     assert sum(step.parts.values()) == pytest.approx(step.seconds)
     gaps = LongGapLog(itl_slo_ms=50.0, log_prefix=lambda: "[edgeacc decode tp0]", clock=clock)
     line = gaps.gap(step, requests=16)
-    assert "ms between two decode results of 16 running requests (reported from 100 ms)" in line
+    assert "ms between two decode results of 16 running requests, the first step of that many (reported from" in line
     assert line.endswith("the loop's parts in ms: garbage collection 150, prefill hand-off 4, decode launch 3, decode results 2")
+
+
+def test_a_gap_at_the_first_step_of_a_batch_size_says_so():
+    clock = SteppedClock()
+    gaps = LongGapLog(itl_slo_ms=50.0, log_prefix=lambda: "[edgeacc decode tp0]", clock=clock)
+    assert gaps.gap(None, requests=12) is None  # untimed, but 12 is a size seen from now on
+    assert gaps.gap(_step(0.01), requests=15) is None  # short: nothing said, 15 seen
+    assert "the first step of that many" in gaps.gap(_step(0.2), requests=16)
+    clock.now += MIN_INTERVAL_S
+    for seen in (12, 15, 16):
+        line = gaps.gap(_step(0.2), requests=seen)
+        assert line.startswith(f"[edgeacc decode tp0] 200 ms between two decode results of {seen} running requests "
+                               "(reported from 100 ms)"), line
+        clock.now += MIN_INTERVAL_S
 
 
 def test_a_gap_of_two_targets_is_reported_with_its_largest_part_first(caplog):

@@ -400,10 +400,11 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         self._edge_take_reply_during_step(result)
         self.process_batch_result(batch, result)
         step = self.decode_clock.result(batch.forward_mode.is_decode(), beside_prefill=beside_prefill)
+        if batch.forward_mode.is_decode():
+            # The batch's size, as the step ran it: a stall at the first step of a size is a one-time cost.
+            self.long_gaps.gap(step, requests=len(batch.reqs))
         if step is None:
             return
-        # The batch's size, as the step ran it: a stall seen once per size points at what a size does first.
-        self.long_gaps.gap(step, requests=len(batch.reqs))
         if self.edge_acc_stats.enabled:
             # Each request attended to its whole sequence but the token this step appended.
             context = sum(len(req.origin_input_ids) + len(req.output_ids) - 1 for req in batch.reqs)

@@ -34,9 +34,21 @@ class LongGapLog:
         self._clock = clock
         self._last_line: Optional[float] = None
         self._held_back = 0
+        # Every running-batch size a decode result has come from: a stall at the first step of a size is
+        # something done once per size (a graph's first replay, a kernel specialised on first use).
+        self._sizes: set[int] = set()
 
-    def gap(self, step: DecodeStep, requests: Optional[int] = None) -> Optional[str]:
-        """One timed step (of ``requests`` running requests, where known); returns the line logged, if any."""
+    def gap(self, step: Optional[DecodeStep], requests: Optional[int] = None) -> Optional[str]:
+        """One decode result (of ``requests`` running requests, where known); returns the line logged, if any.
+
+        ``step`` is None for a result the clock does not time (the first after an idle pass): its batch
+        size is still one seen.
+        """
+        first_of_size = requests is not None and requests not in self._sizes
+        if requests is not None:
+            self._sizes.add(requests)
+        if step is None:
+            return None
         seconds = step.seconds
         if seconds < self.threshold_s:
             return None
@@ -48,6 +60,8 @@ class LongGapLog:
         where = ", ".join(f"{part} {spent * 1000:.0f}" for part, spent in
                           sorted(step.parts.items(), key=lambda item: item[1], reverse=True))
         of_batch = f" of {requests} running requests" if requests is not None else ""
+        if first_of_size:
+            of_batch += ", the first step of that many"
         line = (f"{self._log_prefix()} {seconds * 1000:.0f} ms between two decode results{of_batch} "
                 f"(reported from {self.threshold_s * 1000:.0f} ms); the loop's parts in ms: {where}")
         if self._held_back:
