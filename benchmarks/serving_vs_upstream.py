@@ -128,8 +128,8 @@ CLOSED_LOOP_ESTIMATE_S = 90.0  # its length depends on the server; the longest s
 
 
 def arm_estimate_s(workloads: dict[str, Workload], start_s: float) -> float:
-    return start_s + FINGERPRINT_S + WARM_UP_S + sum(w.prompts / w.rate + WORKLOAD_TAIL_S if w.rate else CLOSED_LOOP_ESTIMATE_S
-                                         for w in workloads.values())
+    return start_s + FINGERPRINT_S + WARM_UP_S + sum(
+        w.prompts / w.rate + WORKLOAD_TAIL_S if w.rate else CLOSED_LOOP_ESTIMATE_S for w in workloads.values())
 
 
 def skip_reason(arm: str, workloads: dict[str, Workload], left_s: float | None, start_s: float) -> str | None:
@@ -363,15 +363,16 @@ def server_memory(server: SglangServer) -> dict[str, int]:
 
 
 def warm_batch_sizes(server: SglangServer, batch: int, vocab: int) -> list[int]:
-    """One batched request of ``batch`` short prompts, the i-th answered with exactly i tokens.
+    """One batched request of ``batch`` short prompts, the i-th answered with exactly i + 1 tokens.
 
-    All arrive at once, and one request finishes at every decode step after the
-    first finished, so the running batch passes through every size from ``batch``
-    down to one. Returns each answer's length.
+    All arrive at once; the first token of each comes from the prefill, so the first
+    decode step runs all ``batch`` of them and one finishes at every step after it:
+    the running batch passes through every size from ``batch`` down to one. Returns
+    each answer's length.
     """
     rng = random.Random(7)
     prompts = [[rng.randrange(3, vocab) for _ in range(WARM_UP_PROMPT_TOKENS)] for _ in range(batch)]
-    params = [{"max_new_tokens": n, "temperature": 0, "ignore_eos": True} for n in range(1, batch + 1)]
+    params = [{"max_new_tokens": n + 1, "temperature": 0, "ignore_eos": True} for n in range(1, batch + 1)]
     response = requests.post(f"{server.url}/generate", json={"input_ids": prompts, "sampling_params": params},
                              timeout=300)
     response.raise_for_status()

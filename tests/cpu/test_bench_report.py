@@ -136,14 +136,14 @@ def test_the_warm_up_runs_its_requests_together_through_every_batch_size(cpu_ser
     before = gpu_share.scrape(server.url)
     lengths = serving_vs_upstream.warm_batch_sizes(server, batch=6, vocab=500)
     after = gpu_share.scrape(server.url)
-    assert lengths == [1, 2, 3, 4, 5, 6]
+    assert lengths == [2, 3, 4, 5, 6, 7]
 
     def delta(name):
         return sum(after.get(k, 0.0) - before.get(k, 0.0) for k in after if k.split(".")[0] == name)
 
     steps, requests = delta("decode_steps"), delta("decode_step_requests")
-    # The first token of each comes from the prefill, then one batch decodes from 5 requests down to 1;
-    # the counters time a step against the one before, so the first is not counted: 4 + 3 + 2 + 1.
-    # One request at a time would be 10 steps of one request. (A scheduler that found the requests in two
+    # The first token of each comes from the prefill, then one batch decodes from 6 requests down to 1;
+    # the counters time a step against the one before, so the first is not counted: 5 + 4 + 3 + 2 + 1.
+    # One request at a time would be 15 steps of one request. (A scheduler that found the requests in two
     # prefill batches would still decode most of them together.)
-    assert requests >= 10 and requests / steps >= 2.0, (steps, requests)
+    assert requests >= 15 and requests / steps >= 2.0, (steps, requests)

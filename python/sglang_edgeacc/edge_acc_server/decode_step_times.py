@@ -7,8 +7,8 @@ loop idles or processes a result that is not a decode step. The loop marks its
 parts as it passes them (:meth:`DecodeStepClock.mark`), so each step also says
 where its time went; the time the interpreter's garbage collector took inside a
 part is its own part (:data:`GC_PART`), so a collection that stops the loop is
-named as such and not blamed on the code it interrupted. Each step it returns goes to the ``sglang_edgeacc_decode_*``
-series (:meth:`~sglang_edgeacc.edge_acc_server.metrics.EdgeAccStats.record_decode_step`),
+named as such and not blamed on the code it interrupted. Each step it returns goes
+to the ``sglang_edgeacc_decode_*`` series (:meth:`~sglang_edgeacc.edge_acc_server.metrics.EdgeAccStats.record_decode_step`),
 labelled by whether a prefill batch was in flight beside it, and to
 :class:`~sglang_edgeacc.edge_acc_server.long_gaps.LongGapLog`.
 """
