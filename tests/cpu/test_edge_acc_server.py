@@ -326,6 +326,21 @@ def test_server_info_says_edge_acc_is_on_with_its_split_and_both_sides_pids(cpu_
         f"tp0: decode side pid {decode_pid} (the scheduler), prefill side pid {prefill_pid}"), started
 
 
+def test_the_server_runs_every_decode_batch_size_before_it_listens(cpu_servers):
+    """A server's first decode step at a new batch size can stall; the warm-up pays that before any user does."""
+    server = cpu_servers.get(*SHARED_EDGE_ACC_LAUNCH)
+    lines = server.log_tail(10**7).splitlines()
+    warming = [i for i, line in enumerate(lines) if "[edgeacc] warming decode batch sizes " in line]
+    done = [i for i, line in enumerate(lines) if "[edgeacc] decode warm-up done in " in line]
+    listening = [i for i, line in enumerate(lines) if "The server is fired up and ready to roll" in line]
+    assert len(warming) == 1 and len(done) == 1 and len(listening) == 1, (warming, done, listening)
+    assert warming[0] < done[0] < listening[0]
+    largest = int(re.search(r"sizes (\d+) down to 1", lines[warming[0]]).group(1))
+    assert largest > 1
+    # What the decode side ran, from the answers: one request finished at each step, through every size.
+    assert lines[done[0]].endswith(f"{largest} answers of 2 to {largest + 1} tokens"), lines[done[0]]
+
+
 def test_the_prefill_sides_process_starts_before_the_decode_side_has_its_pools(cpu_servers):
     """Its import of sglang runs while the decode side loads; it is given its start once the pools exist.
     Started when the pools existed, as it was, it spent that import after them, on every start's path."""

@@ -98,7 +98,7 @@ run_one() {  # index, kind, a, b
         ${SUITE_ONE_AT_A_TIME:+--one-at-a-time} ;;
     bench)
       run_step "bench$i" "$STEP_LIMIT_S" python3 -m benchmarks.serving_vs_upstream --out "$OUT/bench$i.json" \
-        --workdir "$WORK/models$i" --arms "$a" ${b:+--workloads "$b"} ${BENCH_LAYOUT:+--layout "$BENCH_LAYOUT"} \
+        --workdir "$WORK/models$i" --arms "$a" ${b:+--workloads "$b"} ${BENCH_LAYOUT:+--layout="$BENCH_LAYOUT"} \
         ${BENCH_GPU_SHARE:+--gpu-share} ${BENCH_COLD:+--cold} --shape "${BENCH_SHAPE:-8b}" \
         --time-limit-s "$((STEP_LIMIT_S - 30))" ;;
     faults)

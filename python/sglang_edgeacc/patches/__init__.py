@@ -185,6 +185,21 @@ One row per module of ``PATCH_MODULES`` (a test checks that every row exists).
   ``server_start.shm_reclaim``), and logs how much it freed. Removable when upstream names its semaphores and
   segments so that its own start-up sweep can tell a live server's from a dead
   one's and runs it outside CI.
+* ``decode_warmup`` — target: ``sglang.srt.entrypoints.warmup.warmup`` (the
+  decorator that names a warm-up for ``--warmups``), used as upstream's own
+  warm-ups use it; ``execute_warmups`` and ``TokenizerManager.get_internal_state``
+  and ``generate_request`` are checked for their signatures; launcher process
+  only. Why: a server's first decode step at a batch size it has not run stalls
+  once for 100-200 ms inside the step's launch (seen on an H100, plain sglang
+  and EdgeAcc alike), which a user's first burst sees as its worst inter-token
+  gap. How: registers ``edge_acc_decode_batch_sizes``
+  (``server_start.decode_warmup``), and the ``server_args`` patch adds it to an
+  EdgeAcc launch's ``--warmups`` (not with ``--skip-server-warmup`` nor with
+  several tokenizer workers). It asks each DP rank for its decode graph sizes
+  (upstream's internal state), then sends one batched request whose i-th of n
+  prompts is answered with i + 1 tokens, so the decode batch passes through every
+  size from n down to one before the server listens. Removable when upstream
+  warms its decode batch sizes at start.
 """
 
 from __future__ import annotations
@@ -207,6 +222,7 @@ PATCH_MODULES: tuple[str, ...] = (
     "sglang_edgeacc.patches.start_failure",
     "sglang_edgeacc.patches.http_port",
     "sglang_edgeacc.patches.shm_reclaim",
+    "sglang_edgeacc.patches.decode_warmup",
 )
 
 _installed = False

@@ -15,6 +15,8 @@ from sglang_edgeacc import flags as edge_flags
 from sglang_edgeacc.launch_environment import prepare_edge_acc_environment
 from sglang_edgeacc.launch_validation import keep_prefill_graphs_inside_green_contexts, validate_launch
 from sglang_edgeacc.patches._base import Patch, Target
+from sglang_edgeacc.server_start.decode_warmup import NAME as WARMUP_NAME
+from sglang_edgeacc.server_start.decode_warmup import add_to_launch
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +37,9 @@ def _around_from_cli_args(original, cls, args):
     edge_flags.attach_flags(server_args, parsed)
     if parsed.enable_edge_acc:
         prepare_edge_acc_environment(parsed, args)
+        if add_to_launch(server_args):
+            logger.info("[edgeacc] the server warms every decode batch size before it listens (%s; "
+                        "--skip-server-warmup leaves it out)", WARMUP_NAME)
     return server_args
 
 
