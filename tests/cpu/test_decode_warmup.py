@@ -18,9 +18,10 @@ def test_one_prompt_per_size_each_answered_one_token_longer_than_the_one_before(
     assert all(decode_warmup.FIRST_ID <= t < decode_warmup.END_ID for ids in request.input_ids for t in ids)
 
 
-def test_prompt_ids_stay_inside_a_small_vocabulary():
-    request = decode_warmup.warmup_input(3, vocab_size=300)
-    assert max(t for ids in request.input_ids for t in ids) < 300
+@pytest.mark.parametrize("vocab_size", [300, 64])
+def test_prompt_ids_stay_inside_a_small_vocabulary(vocab_size):
+    request = decode_warmup.warmup_input(50, vocab_size=vocab_size)
+    assert all(0 <= t < vocab_size for ids in request.input_ids for t in ids)
 
 
 @pytest.mark.parametrize("graphs, running, capacity, expected", [

@@ -69,8 +69,9 @@ def warmup_input(n: int, vocab_size: int, seed: int = 0):
     from sglang.srt.managers.io_struct import GenerateReqInput
 
     rng = random.Random(seed)
-    end = max(FIRST_ID + 1, min(END_ID, vocab_size))
-    prompts = [[rng.randrange(FIRST_ID, end) for _ in range(PROMPT_TOKENS)] for _ in range(n)]
+    first = FIRST_ID if vocab_size > FIRST_ID else 0
+    end = min(END_ID, vocab_size)
+    prompts = [[rng.randrange(first, end) for _ in range(PROMPT_TOKENS)] for _ in range(n)]
     params = [{"max_new_tokens": i + 1, "temperature": 0, "ignore_eos": True} for i in range(1, n + 1)]
     return GenerateReqInput(input_ids=prompts, sampling_params=params)
 
