@@ -74,3 +74,36 @@ def test_the_answer_lengths_come_from_the_answers():
     answers = [{"meta_info": {"completion_tokens": 2}}, {"meta_info": {"completion_tokens": 3}}]
     assert decode_warmup.answer_lengths(answers) == [2, 3]
     assert decode_warmup.answer_lengths({"meta_info": {"completion_tokens": 4}}) == [4]
+
+
+class _FlushingManager:
+    """Answers flush_cache as upstream does: not flushed while requests are still leaving."""
+
+    def __init__(self, busy_answers: int):
+        self.busy_answers = busy_answers
+        self.asked = 0
+
+    async def flush_cache(self, timeout_s=None):
+        from sglang.srt.managers.io_struct import FlushCacheReqOutput
+
+        self.asked += 1
+        return FlushCacheReqOutput(success=self.asked > self.busy_answers)
+
+
+def test_the_prefix_cache_is_flushed_once_the_server_is_idle(monkeypatch):
+    import asyncio
+
+    monkeypatch.setattr(decode_warmup, "FLUSH_RETRY_S", 0.0)
+    manager = _FlushingManager(busy_answers=3)
+    assert asyncio.run(decode_warmup.flush_prefix_cache(manager))
+    assert manager.asked == 4
+
+
+def test_a_server_that_never_becomes_idle_keeps_the_warm_up_in_its_cache_and_says_so(monkeypatch, caplog):
+    import asyncio
+
+    monkeypatch.setattr(decode_warmup, "FLUSH_RETRY_S", 0.0)
+    manager = _FlushingManager(busy_answers=10**6)
+    assert not asyncio.run(decode_warmup.flush_prefix_cache(manager))
+    assert manager.asked == decode_warmup.FLUSH_TRIES
+    assert "stay in the prefix cache" in caplog.text

@@ -338,7 +338,17 @@ def test_the_server_runs_every_decode_batch_size_before_it_listens(cpu_servers):
     largest = int(re.search(r"sizes (\d+) down to 1", lines[warming[0]]).group(1))
     assert largest > 1
     # What the decode side ran, from the answers: one request finished at each step, through every size.
-    assert lines[done[0]].endswith(f"{largest} answers of 2 to {largest + 1} tokens"), lines[done[0]]
+    assert lines[done[0]].endswith(f"{largest} answers of 2 to {largest + 1} tokens; prefix cache flushed"), \
+        lines[done[0]]
+    # It leaves nothing behind: its own first prompt, asked again, is computed from scratch.
+    from sglang_edgeacc.server_start.decode_warmup import warmup_input
+
+    with open(os.path.join(harness.model_dir(), "config.json")) as fh:
+        vocab = json.load(fh)["vocab_size"]
+    prompt = warmup_input(largest, vocab).input_ids[0]
+    answer = requests.post(f"{server.url}/generate", timeout=60, json={
+        "input_ids": prompt, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}).json()
+    assert answer["meta_info"]["cached_tokens"] == 0, answer["meta_info"]
 
 
 def test_the_prefill_sides_process_starts_before_the_decode_side_has_its_pools(cpu_servers):

@@ -187,8 +187,8 @@ One row per module of ``PATCH_MODULES`` (a test checks that every row exists).
   one's and runs it outside CI.
 * ``decode_warmup`` — target: ``sglang.srt.entrypoints.warmup.warmup`` (the
   decorator that names a warm-up for ``--warmups``), used as upstream's own
-  warm-ups use it; ``execute_warmups`` and ``TokenizerManager.get_internal_state``
-  and ``generate_request`` are checked for their signatures; launcher process
+  warm-ups use it; ``execute_warmups`` and ``TokenizerManager.get_internal_state``,
+  ``generate_request`` and ``flush_cache`` are checked for their signatures; launcher process
   only. Why: a server's first decode step at a batch size it has not run stalls
   once for 100-200 ms inside the step's launch (seen on an H100, plain sglang
   and EdgeAcc alike), which a user's first burst sees as its worst inter-token
@@ -198,8 +198,9 @@ One row per module of ``PATCH_MODULES`` (a test checks that every row exists).
   several tokenizer workers). It asks each DP rank for its decode graph sizes
   (upstream's internal state), then sends one batched request whose i-th of n
   prompts is answered with i + 1 tokens, so the decode batch passes through every
-  size from n down to one before the server listens. Removable when upstream
-  warms its decode batch sizes at start.
+  size from n down to one before the server listens, and flushes the prefix cache
+  after it (``flush_cache``), so no prompt of a user finds the warm-up's.
+  Removable when upstream warms its decode batch sizes at start.
 """
 
 from __future__ import annotations

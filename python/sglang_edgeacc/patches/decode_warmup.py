@@ -2,8 +2,8 @@
 
 Target: ``sglang.srt.entrypoints.warmup.warmup`` (the decorator that names a warm-up for
 ``--warmups``), used as upstream's own warm-ups use it; ``execute_warmups`` and the
-tokenizer manager's ``get_internal_state`` and ``generate_request``, which the warm-up
-relies on, are checked for their signatures. Launcher process only: the HTTP server runs
+tokenizer manager's ``get_internal_state``, ``generate_request`` and ``flush_cache``, which
+the warm-up relies on, are checked for their signatures. Launcher process only: the HTTP server runs
 its warm-ups there. The ``server_args`` patch adds the warm-up's name to an EdgeAcc launch.
 Why it exists, and when it can be removed: the patch table in ``sglang_edgeacc/patches/__init__.py``.
 """
@@ -32,6 +32,7 @@ PATCH = Patch(
         Target(f"{WARMUP}.execute_warmups", params=("disaggregation_mode", "warmup_names", "tokenizer_manager")),
         Target(f"{TOKENIZER_MANAGER}.get_internal_state", params=("self",)),
         Target(f"{TOKENIZER_MANAGER}.generate_request", params=("self", "obj", "request")),
+        Target(f"{TOKENIZER_MANAGER}.flush_cache", params=("self", "timeout_s")),
     ),
     install=_install,
     only_in_launcher=True,

@@ -15,6 +15,7 @@ through every size from ``n`` down to one.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
@@ -28,6 +29,7 @@ PROMPT_TOKENS = 8
 POOL_SHARE = 0.5
 # Token ids of the prompts: above the special tokens of common tokenizers, inside any vocabulary.
 FIRST_ID, END_ID = 100, 1000
+FLUSH_TRIES, FLUSH_RETRY_S = 50, 0.1
 
 
 def warm_tokens(n: int) -> int:
@@ -99,8 +101,26 @@ async def warm_decode_batch_sizes(disaggregation_mode: str, tokenizer_manager) -
     async for answers in tokenizer_manager.generate_request(request, None):
         pass
     lengths = answer_lengths(answers)
-    logger.info("[edgeacc] decode warm-up done in %.1f s: %d answers of %s tokens", time.monotonic() - started,
-                len(lengths), f"{min(lengths)} to {max(lengths)}" if lengths else "no")
+    flushed = await flush_prefix_cache(tokenizer_manager)
+    logger.info("[edgeacc] decode warm-up done in %.1f s: %d answers of %s tokens%s", time.monotonic() - started,
+                len(lengths), f"{min(lengths)} to {max(lengths)}" if lengths else "no",
+                "; prefix cache flushed" if flushed else "")
+
+
+async def flush_prefix_cache(tokenizer_manager) -> bool:
+    """Drop what the warm-up left in the prefix cache, so the server starts as it would without it.
+
+    Its prompts would otherwise give a user's prompt that begins with the same token ids a
+    prefix hit computed in another batch, which rounds otherwise. Upstream flushes only an
+    idle server; the warm-up's last requests may still be leaving, so it asks a few times.
+    """
+    for _ in range(FLUSH_TRIES):
+        if (await tokenizer_manager.flush_cache()).success:
+            return True
+        await asyncio.sleep(FLUSH_RETRY_S)
+    logger.warning("[edgeacc] the decode warm-up's prompts stay in the prefix cache: the server did not become "
+                   "idle within %.1f s", FLUSH_TRIES * FLUSH_RETRY_S)
+    return False
 
 
 def answer_lengths(answers) -> list[int]:
