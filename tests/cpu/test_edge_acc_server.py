@@ -20,6 +20,7 @@ import psutil
 import pytest
 import requests
 
+from sglang_edgeacc.server_start.decode_warmup import warmup_input
 from tests import harness
 from tests.fault_injection import edgeacc_faults
 from tests.harness import SHARED_EDGE_ACC_LAUNCH, SHARED_LAUNCH, CpuServer, assert_nothing_left, random_checkpoint
@@ -341,8 +342,6 @@ def test_the_server_runs_every_decode_batch_size_before_it_listens(cpu_servers):
     assert lines[done[0]].endswith(f"{largest} answers of 2 to {largest + 1} tokens; prefix cache flushed"), \
         lines[done[0]]
     # It leaves nothing behind: its own first prompt, asked again, is computed from scratch.
-    from sglang_edgeacc.server_start.decode_warmup import warmup_input
-
     with open(os.path.join(harness.model_dir(), "config.json")) as fh:
         vocab = json.load(fh)["vocab_size"]
     prompt = warmup_input(largest, vocab).input_ids[0]
