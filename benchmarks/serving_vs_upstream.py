@@ -37,7 +37,6 @@ import argparse
 import json
 import os
 import pathlib
-import random
 import subprocess
 import sys
 import tempfile
@@ -48,6 +47,7 @@ import requests
 
 from benchmarks import gpu_share
 from benchmarks.client_gc import ClientPauses
+from sglang_edgeacc.server_start.decode_warmup import warmup_input
 from tests import serving_models
 from tests.harness import SglangServer, gpu_memory_by_pid
 
@@ -58,7 +58,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 COMMON_ARGS = ("--mem-fraction-static", "0.6", "--cuda-graph-max-bs-decode", "128")
 # The warm-up's batch: every decode batch size the graphs of COMMON_ARGS cover; a handful on the CPU.
 WARM_UP_BATCH = {"cuda": 128, "cpu": 4}
-WARM_UP_PROMPT_TOKENS = 16
 
 # name -> (flags, uses MPS)
 ARMS: dict[str, tuple[tuple[str, ...], bool]] = {
@@ -363,18 +362,14 @@ def server_memory(server: SglangServer) -> dict[str, int]:
 
 
 def warm_batch_sizes(server: SglangServer, batch: int, vocab: int) -> list[int]:
-    """One batched request of ``batch`` short prompts, the i-th answered with exactly i + 1 tokens.
+    """The request an EdgeAcc server warms itself with at start (``decode_warmup.warmup_input``), sent over HTTP.
 
-    All arrive at once; the first token of each comes from the prefill, so the first
-    decode step runs all ``batch`` of them and one finishes at every step after it:
-    the running batch passes through every size from ``batch`` down to one. Returns
-    each answer's length.
+    Upstream's servers do not warm their decode batch sizes; this puts every arm in the same state
+    before it is measured. Returns each answer's length.
     """
-    rng = random.Random(7)
-    prompts = [[rng.randrange(3, vocab) for _ in range(WARM_UP_PROMPT_TOKENS)] for _ in range(batch)]
-    params = [{"max_new_tokens": n + 1, "temperature": 0, "ignore_eos": True} for n in range(1, batch + 1)]
-    response = requests.post(f"{server.url}/generate", json={"input_ids": prompts, "sampling_params": params},
-                             timeout=300)
+    request = warmup_input(batch, vocab)
+    response = requests.post(f"{server.url}/generate", timeout=300,
+                             json={"input_ids": request.input_ids, "sampling_params": request.sampling_params})
     response.raise_for_status()
     return [len(out["output_ids"]) for out in response.json()]
 
