@@ -102,7 +102,7 @@ def prefill_start_after_capture(*, pool_resized_after_capture: bool, weights_loa
     this side's capture. Not where what it maps is not final until upstream's capture is over, nor
     under torch.compile, where upstream times kernel configs on the device while it captures: a
     prefill side capturing on the same GPU changes those timings, and a config chosen otherwise
-    rounds otherwise, so the decode side would not answer as plain sglang does.
+    can round otherwise. The cost: the prefill side's own start no longer overlaps the capture.
     """
     if pool_resized_after_capture:
         return "upstream resizes the KV pool after its capture"
