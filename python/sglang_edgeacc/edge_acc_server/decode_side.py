@@ -153,7 +153,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         flags = get_flags(server_args)
         # The one measure of inter-token time; each step feeds the metrics and the long-gap log.
         self.decode_clock = DecodeStepClock(gc_timer=GcTimer())
-        self.long_gaps = LongGapLog(flags.edge_acc_itl_slo_ms, self._edge_log_prefix)
+        self.long_gaps = LongGapLog(flags.edge_acc_itl_slo_ms, self._edge_log_prefix, stacks=True)
         self.decode_pacer = DecodePacer(flags.edge_acc_itl_slo_ms if flags.edge_acc_decode_pacing == "on" else 0.0)
         self._edge_spawn_after_capture = False
         # Prefill batches whose first tokens went out while a decode step ran, merged at the top of the loop.
@@ -298,6 +298,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
                 if self._engine_paused:
                     self._record_scheduler_state_for_paused_engine()
                     self.decode_clock.idle()  # a pause is no gap between tokens
+                    self.long_gaps.idle()
                     continue
                 self.decode_clock.mark("requests")
                 self.prefill_link.check_alive()
@@ -334,6 +335,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
                 if batch is None:
                     self.decode_pacer.idle()
                     self.decode_clock.idle()
+                    self.long_gaps.idle()
                     if self.prefill_link.busy:
                         self.prefill_link.wait_readable(IDLE_WAIT_MS, also=self._edge_wake_sockets)
                     elif self.last_batch is None:
@@ -341,6 +343,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
                         self.on_idle()
                 self.last_batch = batch
         finally:
+            self.long_gaps.idle()
             self.prefill_link.stop()
 
     def _edge_choose_depth(self) -> None:
@@ -403,6 +406,8 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         if batch.forward_mode.is_decode():
             # The batch's size, as the step ran it: a stall at the first step of a size is a one-time cost.
             self.long_gaps.gap(step, requests=len(batch.reqs))
+        else:
+            self.long_gaps.idle()
         if step is None:
             return
         if self.edge_acc_stats.enabled:
