@@ -40,7 +40,7 @@ import traceback
 import requests
 
 from tests import serving_models
-from tests.gpu import topk_oracle
+from tests.gpu import model_reference, topk_oracle
 from tests.harness import SglangServer
 
 ANSWER_REGEX = "(yes|no) [0-9]{3}"
@@ -227,12 +227,20 @@ def _abort_mid_stream(server, ids) -> int:
     return seen
 
 
-def fingerprint(server, vocab: int, sensitive: bool) -> dict:
-    """Everything the comparison looks at, from one fixed workload (same seed on every server)."""
-    rng = random.Random(1234)
+WORKLOAD_SEED = 1234
+
+
+def fixed_prompts(rng: random.Random, vocab: int) -> tuple[list[int], list[int], list[int], list[int]]:
+    """The workload's first prompts, drawn in this order: short, long, a partial hit on long, the logprob prompt."""
     short, long = _ids(rng, 12, vocab), _ids(rng, 1000, vocab)
     partial = long[:650] + _ids(rng, 200, vocab)
-    mid = _ids(rng, 40, vocab)
+    return short, long, partial, _ids(rng, 40, vocab)
+
+
+def fingerprint(server, vocab: int, sensitive: bool) -> dict:
+    """Everything the comparison looks at, from one fixed workload (same seed on every server)."""
+    rng = random.Random(WORKLOAD_SEED)
+    short, long, partial, mid = fixed_prompts(rng, vocab)
     burst_prompts = [_ids(rng, rng.randrange(100, 600), vocab) for _ in range(8)]
     out: dict = {}
     out["solo_short"] = _gen(server, short)["output_ids"]
@@ -244,6 +252,7 @@ def fingerprint(server, vocab: int, sensitive: bool) -> dict:
     out["partial_hit"] = part["output_ids"]
     out["partial_hit_cached"] = part["meta_info"]["cached_tokens"] >= 512
     lp = _gen(server, mid, n=6, return_logprob=True, top_logprobs_num=3, logprob_start_len=0)["meta_info"]
+    out["logprob_prompt"] = mid
     out["logprob_tokens"] = [x[1] for x in lp["output_token_logprobs"]]
     out["logprob_values"] = [x[0] for x in lp["output_token_logprobs"]]
     out["logprob_top_ids"] = [[t[1] for t in x] for x in lp["output_top_logprobs"]]
@@ -548,7 +557,7 @@ def run_phase(fams: dict[str, dict], platform: str, workdir: pathlib.Path, log_d
         name, arm = key
         server = servers[key]
         fam = fams[name]
-        _, _, vocab, sensitive = model_path(fam["model"], workdir)
+        path, _, vocab, sensitive = model_path(fam["model"], workdir)
         entry: dict = {"flags": list(server.args)}
         try:
             if alone:
@@ -566,6 +575,11 @@ def run_phase(fams: dict[str, dict], platform: str, workdir: pathlib.Path, log_d
             if topk is not None:
                 entry["result"]["topk"] = topk
             entry["workload_s"] = round(time.monotonic() - t0, 1)
+            if sensitive:
+                # A comparison between servers cannot see an error they share: the checkpoint's own verdict.
+                result = entry["result"]
+                entry["model_departure"] = model_reference.departure(
+                    path, result["logprob_prompt"], result["logprob_tokens"], result["logprob_values"])
             entry["self_check_problems"] = self_checks(entry["result"], sensitive,
                                                        expect_cache_hits="--dp" not in fam["args"],
                                                        self_consistent=fam.get("oracle") != "topk")
@@ -716,7 +730,21 @@ def summary_lines(results: dict) -> list[str]:
                 lines.append(f"     wrote to the shared inductor cache: {written or 'nothing'}")
             for ref, keys in (entry.get("differs_from") or {}).items():
                 lines.append(f"     differs from {ref} in: {', '.join(keys) or 'nothing'}")
+            if entry.get("model_departure"):
+                lines.append("     " + departure_line(entry))
     return lines
+
+
+def departure_line(entry: dict) -> str:
+    """The checkpoint's verdict on an arm's answer to the logprob request (transformers, float64)."""
+    gone = entry["model_departure"]
+    step = gone["first_step"]
+    if step is None:
+        return f"the model's own logprobs of this answer are the server's, within {gone['largest']:.4f} nats"
+    ours = entry["result"]["logprob_values"][step]
+    token = entry["result"]["logprob_tokens"][step]
+    return (f"the model's own logprobs of this answer depart from the server's from step {step} on (token {token}: "
+            f"the server {ours:.4f}, the model {gone['model_values'][step]:.4f}), by up to {gone['largest']:.4f} nats")
 
 
 def visible_gpus(platform: str) -> int:
