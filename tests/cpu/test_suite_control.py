@@ -202,3 +202,17 @@ def test_where_tokens_are_the_oracle_a_second_plain_server_must_answer_as_the_fi
     results["f"]["oracle"] = "topk"
     server_suite.judge(results)
     assert results["f"]["arms"]["plain-again"]["passed"]
+
+
+def test_the_compile_family_at_the_reference_deployments_batch_sizes_is_picked_by_name_and_parses():
+    from sglang.srt.server_args import ServerArgs
+
+    fams = server_suite.families("cuda")
+    family = fams["tiny-torch-compile-bs64"]
+    assert family["by_name"] and family["oracle"] == "topk" and family["compiled_by"] == "plain"
+    assert family["arms"] == ("plain-again", "edge-mps")  # the second plain server sets the oracle's tolerance
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    ns = parser.parse_args(["--model-path", "m", *family["args"]])
+    assert ns.enable_torch_compile and ns.torch_compile_max_bs == 64 and ns.max_running_requests >= 64
+    assert "tiny-torch-compile-bs64" not in server_suite.families("cpu")

@@ -159,6 +159,14 @@ def families(platform: str) -> dict[str, dict]:
             phase=3,
             env={INDUCTOR_DETERMINISTIC_ENV: "1"}, needs_inductor_deterministic=True, compiled_by="plain",
             by_name=True)
+        # The reference deployment's compile settings: graphs compiled for batch sizes up to 64 (the family
+        # above stops at 4 to fit a device call with all its diagnostic arms). Plain compiles alone first, the
+        # other two load its kernels. Picked by name.
+        fams["tiny-torch-compile-bs64"] = dict(
+            model="tiny", args=("--chunked-prefill-size", "128", "--enable-torch-compile", "--torch-compile-max-bs",
+                                "64", "--cuda-graph-max-bs-decode", "64", "--max-total-tokens", "40000",
+                                "--mem-fraction-static", "0.3", "--max-running-requests", "64"),
+            arms=("plain-again", "edge-mps"), phase=3, oracle="topk", compiled_by="plain", by_name=True)
         fams["qwen3-8b"] = dict(
             model="qwen3-8b", args=("--chunked-prefill-size", "2048", "--max-total-tokens", "120000",
                                     "--mem-fraction-static", "0.45", "--cuda-graph-max-bs-decode", "64"),
