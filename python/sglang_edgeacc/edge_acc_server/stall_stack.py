@@ -61,12 +61,16 @@ class StallStack:
                 self._wake.wait()
                 self._wake.clear()
                 continue
+            if self._taken_for == since:  # this interval's stack is out: wait for the next interval
+                self._wake.wait(self.seconds)
+                self._wake.clear()
+                continue
             now = self._clock()
             due = since + self.seconds
             if self._taken_at is not None:
                 due = max(due, self._taken_at + self._min_interval_s)
-            if now < due or self._taken_for == since:
-                self._wake.wait(max(due - now, 0.0) if self._taken_for != since else self.seconds)
+            if now < due:
+                self._wake.wait(due - now)
                 self._wake.clear()
                 continue
             self._take(since, now)
