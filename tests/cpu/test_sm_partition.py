@@ -147,7 +147,8 @@ def test_the_prefill_side_is_a_below_normal_mps_client_and_the_decode_side_norma
 
 
 def test_a_gpu_split_as_server_info_and_the_startup_line_report_it():
-    from sglang_edgeacc.edge_acc_server.server_info import decode_side_split, edge_acc_entry, startup_line
+    from sglang_edgeacc.edge_acc_server.decode_pacing import DecodePacer
+    from sglang_edgeacc.edge_acc_server.server_info import decode_side_split, edge_acc_entry, pacing_entry, startup_line
 
     launcher_set = {MPS_PERCENT_VAR: "100"}
     decode = decode_side_split("mps", "cuda", launcher_set)
@@ -156,11 +157,20 @@ def test_a_gpu_split_as_server_info_and_the_startup_line_report_it():
     assert decode_side_split("green-context", "cuda", {}).detail == "unconfined, the whole GPU"
     assert decode_side_split("none", "cuda", launcher_set).percent is None
     pairs = [{"tp_rank": 0, "decode_pid": 11, "prefill_pid": 12}, {"tp_rank": 1, "decode_pid": 21, "prefill_pid": 22}]
-    entry = edge_acc_entry("mps", side_split("prefill", 60, "mps"), decode, pairs, dp_rank=1)
+    pacer = DecodePacer(itl_slo_ms=75.0)
+    entry = edge_acc_entry("mps", side_split("prefill", 60, "mps"), decode,
+                           pacing_entry(75.0, pacer.interval_s), pairs, dp_rank=1)
     assert entry["sm_split"] == {"mode": "mps", "prefill": f"mps, {MPS_PERCENT_VAR}=60",
                                  "decode": f"mps, {MPS_PERCENT_VAR}=100", "prefill_sm_percent": 60,
                                  "decode_sm_percent": 100}
+    # The spacing the pacer actually uses, not the target: 0.8 of it.
+    assert entry["decode_pacing"] == {"itl_slo_ms": 75.0, "step_spacing_ms": 60.0}
     assert startup_line(entry) == (
         f"EdgeAcc on (dp1). SM split: prefill side mps, {MPS_PERCENT_VAR}=60; decode side mps, {MPS_PERCENT_VAR}=100. "
+        "Decode steps 60 ms apart while the prefill side has a batch (--edge-acc-itl-slo-ms 75). "
         "tp0: decode side pid 11 (the scheduler), prefill side pid 12; "
         "tp1: decode side pid 21 (the scheduler), prefill side pid 22")
+    off = edge_acc_entry("mps", side_split("prefill", 60, "mps"), decode,
+                         pacing_entry(50.0, DecodePacer(itl_slo_ms=0.0).interval_s), pairs[:1], dp_rank=None)
+    assert off["decode_pacing"] == {"itl_slo_ms": 50.0, "step_spacing_ms": None}
+    assert "Decode pacing off: decode steps back to back beside a prefill. tp0:" in startup_line(off)

@@ -36,7 +36,13 @@ from sglang_edgeacc.edge_acc_server.metrics import EdgeAccStats
 from sglang_edgeacc.edge_acc_server.prefill_link import InflightPrefill, PrefillLink
 from sglang_edgeacc.edge_acc_server.messages import PrefillResult
 from sglang_edgeacc.edge_acc_server.scheduler import EdgeAccSchedulerBase
-from sglang_edgeacc.edge_acc_server.server_info import decode_side_split, edge_acc_entry, gather_pairs, startup_line
+from sglang_edgeacc.edge_acc_server.server_info import (
+    decode_side_split,
+    edge_acc_entry,
+    gather_pairs,
+    pacing_entry,
+    startup_line,
+)
 from sglang_edgeacc.flags import get_flags
 
 logger = logging.getLogger(__name__)
@@ -216,7 +222,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
                               "prefill_pid": link.prefill_pid}, group)
         self._edge_server_info = edge_acc_entry(
             flags.edge_acc_sm_partition, link.split, decode_side_split(flags.edge_acc_sm_partition, device_type),
-            pairs, link.ranks.dp_rank)
+            pacing_entry(flags.edge_acc_itl_slo_ms, self.decode_pacer.interval_s), pairs, link.ranks.dp_rank)
         if len(pairs) == 1 or dist.get_rank(group=group) == 0:
             logger.info("%s %s", self._edge_log_prefix(), startup_line(self._edge_server_info))
 

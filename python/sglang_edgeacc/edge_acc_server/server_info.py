@@ -3,10 +3,12 @@
 ``/get_server_info`` (and ``/server_info``) lists, under ``internal_states``,
 the answer of one scheduler per DP rank to upstream's internal-state query. A
 decode side is that scheduler, and adds ``edge_acc`` to its answer: that
-EdgeAcc is on, the SM split in effect on each side, and the pids of the decode
-side (the scheduler process upstream started) and of the prefill side (the
-process EdgeAcc started) of every rank of its attention-TP group. The same
-facts go to the startup log once per group, as one INFO line.
+EdgeAcc is on, the SM split in effect on each side, how far apart decode steps
+are spaced while the prefill side has a batch (the knob between the first token
+and the gaps between tokens), and the pids of the decode side (the scheduler
+process upstream started) and of the prefill side (the process EdgeAcc started)
+of every rank of its attention-TP group. The same facts go to the startup log
+once per group, as one INFO line.
 """
 
 from __future__ import annotations
@@ -47,7 +49,12 @@ def gather_pairs(own: dict, group) -> list[dict]:
     return sorted(gathered, key=lambda pair: pair["tp_rank"])
 
 
-def edge_acc_entry(sm_partition: str, prefill: SideSplit, decode: SideSplit, pairs: list[dict],
+def pacing_entry(itl_slo_ms: float, spacing_s: float) -> dict:
+    """Decode pacing as in effect: the target it follows and the spacing of steps beside a prefill (0: off)."""
+    return {"itl_slo_ms": itl_slo_ms, "step_spacing_ms": round(spacing_s * 1000, 1) if spacing_s > 0 else None}
+
+
+def edge_acc_entry(sm_partition: str, prefill: SideSplit, decode: SideSplit, pacing: dict, pairs: list[dict],
                    dp_rank: Optional[int]) -> dict:
     """The ``edge_acc`` entry of a decode side's internal state: plain values only (it is serialized)."""
     return {
@@ -60,6 +67,7 @@ def edge_acc_entry(sm_partition: str, prefill: SideSplit, decode: SideSplit, pai
             "prefill_sm_percent": prefill.percent,
             "decode_sm_percent": decode.percent,
         },
+        "decode_pacing": dict(pacing),
         "dp_rank": dp_rank,
         "sides": [dict(pair) for pair in pairs],
     }
@@ -78,4 +86,14 @@ def startup_line(entry: dict) -> str:
         for pair in entry["sides"]
     )
     dp = "" if entry["dp_rank"] is None else f" (dp{entry['dp_rank']})"
-    return f"EdgeAcc on{dp}. SM split: {said}. {sides}"
+    return f"EdgeAcc on{dp}. SM split: {said}. {_pacing_said(entry['decode_pacing'])}. {sides}"
+
+
+def _pacing_said(pacing: dict) -> str:
+    spacing = pacing["step_spacing_ms"]
+    if spacing is None:
+        return "Decode pacing off: decode steps back to back beside a prefill"
+    # The spacing is what a user trades: wider, the prefill side has more of the GPU and the first
+    # token comes sooner; the gaps between tokens grow with it.
+    return (f"Decode steps {spacing:g} ms apart while the prefill side has a batch "
+            f"(--edge-acc-itl-slo-ms {pacing['itl_slo_ms']:g})")
