@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_edgeacc.edge_acc_server.decode_pacing import DecodePacer
+from sglang_edgeacc.edge_acc_server.decode_pacing import RECENT_STEPS, DecodePacer
 from sglang_edgeacc.edge_acc_server.decode_side import DecodeSideScheduler
 from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStepClock
 from sglang_edgeacc.edge_acc_server.long_gaps import LongGapLog
@@ -220,7 +220,8 @@ class _BusyLink(_RecordingLink):
         return False
 
 
-def _paced_side(prefill_busy: bool, reply_before_step: int = 0, request_before_step: int = 0):
+def _paced_side(prefill_busy: bool, reply_before_step: int = 0, request_before_step: int = 0,
+                step_ms=lambda step: 10):
     clock = _Clock()
     side = _RecordingDecodeSide(overlap=True, steps=4)
     side.decode_pacer = DecodePacer(itl_slo_ms=50.0, clock=clock)
@@ -230,26 +231,92 @@ def _paced_side(prefill_busy: bool, reply_before_step: int = 0, request_before_s
     side.waiting_queue = []
     collected = []
     side._edge_collect_prefill = lambda: collected.append(side._next)
-    run = side.run_batch
+    run, process = side.run_batch, side.process_batch_result
+    side.result_times = {}
 
     def timed_run(batch):
-        clock.now += 0.010  # a decode step takes 10 ms
+        clock.now += step_ms(batch.step) / 1000  # the step's time on the device, until its result is read
         return run(batch)
 
-    side.run_batch = timed_run
+    def timed_process(batch, result):
+        side.result_times[batch.step] = clock.now
+        return process(batch, result)
+
+    side.run_batch, side.process_batch_result = timed_run, timed_process
     return side, collected
 
 
-def test_decode_steps_are_spaced_while_the_prefill_side_has_a_batch():
+def _gaps_ms(side) -> list[float]:
+    times = [side.result_times[step] for step in sorted(side.result_times)]
+    return [round((later - earlier) * 1000, 3) for earlier, later in zip(times, times[1:])]
+
+
+def test_decode_results_are_spaced_while_the_prefill_side_has_a_batch():
     side, _ = _paced_side(prefill_busy=True)
     side.event_loop_edge_acc_decode()
     ev = side.events
-    # 40 ms apart (0.8 of the 50 ms target): each 10 ms step is followed by a 30 ms wait.
+    # 45 ms between results (0.9 of the 50 ms target): each 10 ms step waits 35 ms after the last result.
     for step in range(2, 5):
         # The previous step's tokens go out before the wait, not after it.
         assert _at(ev, "process", step - 1) < _at(ev, "run", step), ev
-        assert ev[_at(ev, "run", step) - 1] == ("waited", 30), ev
+        assert ev[_at(ev, "run", step) - 1] == ("waited", 35), ev
+    assert _gaps_ms(side) == [45.0, 45.0, 45.0]
     assert [s for what, s in ev if what == "process"] == [1, 2, 3, 4], ev
+
+
+def test_a_longer_step_beside_a_prefill_starts_sooner_so_the_gap_stays_at_the_aim():
+    # Steps beside a prefill take 10 ms, then 30 ms (say, a larger batch or a heavier prefill beside them).
+    side, _ = _paced_side(prefill_busy=True, step_ms=lambda step: 10 if step < 3 else 30)
+    side.event_loop_edge_acc_decode()
+    ev = side.events
+    # The first 30 ms step was not foreseen: its gap is the aim plus the 20 ms it took longer. The one
+    # after it starts 20 ms sooner (15 ms after the last result), and its tokens come 45 ms after.
+    assert _gaps_ms(side) == [45.0, 65.0, 45.0]
+    assert ev[_at(ev, "run", 4) - 1] == ("waited", 15), ev
+
+
+def test_the_pacer_predicts_a_step_from_the_longest_recent_one_beside_a_prefill():
+    clock = _Clock()
+    pacer = DecodePacer(itl_slo_ms=50.0, clock=clock)
+
+    def step(seconds, beside=True, decode=True):
+        pacer.launched()
+        clock.now += seconds
+        pacer.result(decode, beside)
+
+    step(0.008, beside=False)
+    assert pacer.predicted_step_s() == pytest.approx(0.008)  # nothing beside a prefill yet: the last step
+    step(0.030)
+    step(0.020)
+    step(0.005, beside=False)  # a step alone says nothing of one beside a prefill
+    assert pacer.predicted_step_s() == pytest.approx(0.030)
+    assert pacer.next_step(prefill_busy=True).wait_s == pytest.approx(0.045 - 0.030)
+    assert pacer.next_step(prefill_busy=False).wait_s == 0
+    step(0.040, decode=False)  # an idle batch's result is no decode result: the wait still counts from the last
+    assert pacer.next_step(prefill_busy=True).wait_s == 0
+    pacer.idle()  # no step ran: the next one has nothing to be spaced from
+    assert pacer.next_step(prefill_busy=True).wait_s == 0
+    for _ in range(RECENT_STEPS):
+        step(0.010)
+    assert pacer.predicted_step_s() == pytest.approx(0.010)  # the 30 ms step is out of the window
+
+
+def test_requests_whose_first_tokens_went_out_during_a_step_get_their_second_within_the_aim():
+    clock = _Clock()
+    pacer = DecodePacer(itl_slo_ms=50.0, clock=clock)
+    pacer.launched()  # a step beside a prefill, 30 ms
+    clock.now = 0.005
+    pacer.first_tokens()  # a reply's first tokens go out while that step is on the device
+    clock.now = 0.030
+    pacer.result(decode_step=True, beside_prefill=True)
+    # The next step carries those requests too: counted from their first tokens, not from this result,
+    # it is already due (latest start 5 + 45 - 30 = 20 ms), where counted from the result it would wait 15.
+    assert pacer.next_step(prefill_busy=True).wait_s == 0
+    pacer.launched()
+    clock.now = 0.060
+    pacer.result(decode_step=True, beside_prefill=True)
+    # With them served, the next wait counts from the last result again.
+    assert pacer.next_step(prefill_busy=True).wait_s == pytest.approx(0.060 + 0.045 - 0.030 - 0.060)
 
 
 def test_with_the_prefill_side_idle_decode_steps_run_back_to_back():
@@ -259,14 +326,25 @@ def test_with_the_prefill_side_idle_decode_steps_run_back_to_back():
     assert not [e for e in ev[:_at(ev, "run", 4)] if e[0] == "waited"], ev
 
 
+def test_steps_that_leave_no_slack_beside_a_prefill_keep_the_overlap_schedule():
+    # Steps of 50 ms beside a prefill: no wait could keep a gap at 45 ms.
+    side, _ = _paced_side(prefill_busy=True, step_ms=lambda step: 50)
+    side.event_loop_edge_acc_decode()
+    ev = side.events
+    assert not [e for e in ev if e[0] == "waited"][:-1], ev
+    # Once a step has been timed the next is launched before the last result is processed, as unpaced.
+    assert _at(ev, "run", 4) < _at(ev, "process", 3), ev
+
+
 def test_a_prefill_reply_during_the_wait_is_taken_before_the_next_step():
     side, collected = _paced_side(prefill_busy=True, reply_before_step=3)
     side.event_loop_edge_acc_decode()
     ev = side.events
     # The loop went round once more to take the reply (and hand over the next batch), then waited
-    # out the rest of the interval before step 3.
+    # out the rest of the wait before step 3: its tokens still come 45 ms after step 2's.
     assert collected.count(3) == 2, collected
-    assert ev[_at(ev, "reply", 3) + 1:_at(ev, "run", 3)] == [("waited", 15)], ev
+    assert _at(ev, "reply", 3) < _at(ev, "waited", 17) < _at(ev, "run", 3), ev
+    assert _gaps_ms(side)[1] == pytest.approx(45.0, abs=1.0)
 
 
 @pytest.mark.parametrize("watched", [True, False])
@@ -281,9 +359,10 @@ def test_a_request_during_the_wait_is_handed_over_before_the_next_step(watched):
         assert dispatched.count(3) == 1 and ("request", 3) not in ev, (dispatched, ev)
         return
     # The loop went round once more to admit the request and hand it over, then waited out the rest
-    # of the interval before step 3.
+    # of the wait before step 3.
     assert dispatched.count(3) == 2, dispatched
-    assert ev[_at(ev, "request", 3) + 1:_at(ev, "run", 3)] == [("waited", 15)], ev
+    assert ev[_at(ev, "request", 3) + 1:_at(ev, "run", 3)] == [("waited", 17)], ev
+    assert _gaps_ms(side)[1] == pytest.approx(45.0, abs=1.0)
 
 
 def test_the_wait_watches_the_sockets_upstream_receives_requests_on():

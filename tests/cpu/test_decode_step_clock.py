@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from sglang_edgeacc.edge_acc_server.decode_pacing import DecodePacer
 from sglang_edgeacc.edge_acc_server.decode_side import DecodeSideScheduler
 from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStep, DecodeStepClock
 from sglang_edgeacc.edge_acc_server.long_gaps import LongGapLog
@@ -62,6 +63,7 @@ class _DecodeSide(DecodeSideScheduler):
     def __init__(self, clock, stats):
         self.decode_clock = DecodeStepClock(clock)
         self.long_gaps = LongGapLog(itl_slo_ms=50.0, log_prefix=lambda: "[edgeacc decode tp0]")
+        self.decode_pacer = DecodePacer(itl_slo_ms=50.0, clock=clock)
         self.edge_acc_stats = stats
         self.prefill_link = SimpleNamespace(busy=False)
 

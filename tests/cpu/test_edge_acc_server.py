@@ -319,14 +319,14 @@ def test_server_info_says_edge_acc_is_on_with_its_split_and_both_sides_pids(cpu_
                                  "prefill_sm_percent": None, "decode_sm_percent": None}
     decode_pid, prefill_pid = _side_pid(server, "decode"), _side_pid(server, "prefill")
     assert entry["sides"] == [{"tp_rank": 0, "decode_pid": decode_pid, "prefill_pid": prefill_pid}]
-    # The defaults: steps beside a prefill 0.8 of the 50 ms target apart.
-    assert entry["decode_pacing"] == {"itl_slo_ms": 50.0, "step_spacing_ms": 40.0}
+    # The defaults: beside a prefill, tokens aimed at 0.9 of the 50 ms target apart.
+    assert entry["decode_pacing"] == {"itl_slo_ms": 50.0, "aimed_gap_ms": 45.0}
     # The startup log says the same in one INFO line.
     started = [line for line in server.log_tail(10**7).splitlines() if "EdgeAcc on." in line]
     assert len(started) == 1, started
     assert started[0].endswith(
         f"[edgeacc decode tp0] EdgeAcc on. SM split: {cpu}. "
-        "Decode steps 40 ms apart while the prefill side has a batch (--edge-acc-itl-slo-ms 50). "
+        "Beside a prefill, decode steps wait so that tokens come about 45 ms apart (--edge-acc-itl-slo-ms 50). "
         f"tp0: decode side pid {decode_pid} (the scheduler), prefill side pid {prefill_pid}"), started
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 from types import SimpleNamespace
 
+import pytest
 import torch
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 
@@ -55,6 +56,7 @@ def test_the_decode_side_relays_a_replys_tokens_on_the_device_and_processes_them
     # as reading a CUDA tensor waits for its stream. The relay feeds the next decode step and must get
     # the device tensor; result processing reads every token and must get a host one.
     from sglang_edgeacc.edge_acc_server import upstream_mirror
+    from sglang_edgeacc.edge_acc_server.decode_pacing import DecodePacer
     from sglang_edgeacc.edge_acc_server.decode_side import DecodeSideScheduler
     from sglang_edgeacc.edge_acc_server.metrics import EdgeAccStats
 
@@ -67,10 +69,16 @@ def test_the_decode_side_relays_a_replys_tokens_on_the_device_and_processes_them
         seen["processed"] = result.next_token_ids.tolist()
 
     monkeypatch.setattr(upstream_mirror, "after_forward", relay)
-    side = SimpleNamespace(edge_acc_stats=EdgeAccStats(), process_batch_result=process,
+    clock = SimpleNamespace(now=1.0)
+    pacer = DecodePacer(itl_slo_ms=50.0, clock=lambda: clock.now)
+    side = SimpleNamespace(edge_acc_stats=EdgeAccStats(), process_batch_result=process, decode_pacer=pacer,
                            tp_worker=SimpleNamespace(model_runner=SimpleNamespace(device="meta")))
     batch = SimpleNamespace(batch_size=lambda: 2)
     inflight = SimpleNamespace(batch=batch, scheduled_at=0.0, sent_at=0.0)
     reply = PrefillResult(seq=1, next_token_ids=[5, 9], logits_output=None, forward_ms=1.0)
     assert DecodeSideScheduler._edge_process_prefill(side, inflight, reply) is batch
     assert seen == {"relayed": "meta", "processed": [5, 9]}
+    # The pacer knows the first tokens went out: beside a prefill, their requests' next step is due within
+    # the aimed 45 ms of them (no step timed yet to start it sooner).
+    clock.now = 1.010
+    assert pacer.next_step(prefill_busy=True).wait_s == pytest.approx(0.035)

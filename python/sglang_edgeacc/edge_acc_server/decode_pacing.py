@@ -3,22 +3,36 @@
 The prefill side runs at below-normal MPS priority, so a decode step always gets
 the SMs first; beside a prefill both run slower, and the prefill side keeps only
 about 0.8 of the rate it has alone. That rate sets the time to first token, for a
-lone prompt as much as for a queue. Decode has slack whenever its steps finish
-well inside the inter-token target (``--edge-acc-itl-slo-ms``): then the next
-step need not start at once. The pacer spaces decode steps to a fraction of that
-target while the prefill side has a batch, and the prefill side has the whole GPU
-in the gaps. With the prefill side idle, decode steps run back to back.
+lone prompt as much as for a queue. Decode has slack whenever its steps end well
+inside the inter-token target (``--edge-acc-itl-slo-ms``): then the next step need
+not start at once. While the prefill side has a batch, the pacer starts each decode
+step at the latest time at which its tokens still come a share of that target after
+the last ones of every request it serves, given how long steps beside a prefill took
+lately; the prefill side has the whole GPU until then. With the prefill side idle,
+decode steps run back to back.
+
+The gap a client sees is between two of its tokens: two decode results, or a
+prefill reply's first token and the decode step after it. Spacing the launches
+instead would let a gap grow by however much longer a step beside a prefill takes
+than the one before it, so the target would need a margin that the prefill side
+never gets to use.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-# Steps are spaced to this share of the inter-token target: what a step beside a
-# prefill may take longer than the one before it stays inside the target.
-TARGET_SHARE = 0.8
+# The gap aimed at, as a share of the target: what a step beside a prefill may take longer than the
+# longest of the recent ones stays inside the target.
+TARGET_SHARE = 0.9
+# How many steps beside a prefill the prediction of the next one's time looks back on.
+RECENT_STEPS = 8
+# Steps launched and not yet processed: two under the overlap schedule; more only where a result was
+# dropped without being processed (a retracting pause), and then the oldest is no longer timed.
+MAX_UNPROCESSED = 4
 
 
 @dataclass(frozen=True)
@@ -27,26 +41,72 @@ class PacingDecision:
 
 
 class DecodePacer:
-    """Owns the time of the last decode launch; says how long the next one waits."""
+    """Owns the times of the decode steps' launches and results; says how long the next launch waits."""
 
     def __init__(self, itl_slo_ms: float, clock: Callable[[], float] = time.monotonic):
-        self.interval_s = max(0.0, itl_slo_ms) * TARGET_SHARE / 1000.0
+        self.aimed_gap_s = max(0.0, itl_slo_ms) * TARGET_SHARE / 1000.0
         self._clock = clock
-        self._last_launch: Optional[float] = None
+        self._launched: deque[float] = deque(maxlen=MAX_UNPROCESSED)
+        self._last_result: Optional[float] = None
+        self._beside: deque[float] = deque(maxlen=RECENT_STEPS)  # launch to result, beside a prefill
+        self._last_step: Optional[float] = None  # launch to result, of the last step whatever ran beside it
+        # When the first of the prefill results processed since the last launch sent out its first tokens:
+        # the next step gives those requests their second.
+        self._first_tokens_at: Optional[float] = None
 
     @property
     def enabled(self) -> bool:
-        return self.interval_s > 0
+        return self.aimed_gap_s > 0
+
+    def paces(self, prefill_busy: bool) -> bool:
+        """Whether the next step may wait: while the prefill side has a batch, if steps leave slack.
+
+        Where steps beside a prefill take the whole aimed gap, none waits, and the loop keeps
+        the next step's launch ahead of the last one's result (the overlap schedule).
+        """
+        return self.enabled and prefill_busy and self.predicted_step_s() < self.aimed_gap_s
+
+    def predicted_step_s(self) -> float:
+        """How long the next step beside a prefill should take: the longest of the recent ones."""
+        if self._beside:
+            return max(self._beside)
+        return self._last_step or 0.0
 
     def next_step(self, prefill_busy: bool) -> PacingDecision:
-        """How long the next decode step waits: only while the prefill side has a batch."""
-        if not (self.enabled and prefill_busy) or self._last_launch is None:
+        """How long the next decode step waits, counted from the oldest last token of the requests it serves.
+
+        That is the last decode result, or the first tokens of a prefill result processed since the
+        last launch where they went out earlier (while the step before was still on the device).
+        """
+        since = [t for t in (self._last_result, self._first_tokens_at) if t is not None]
+        if not self.paces(prefill_busy) or not since:
             return PacingDecision(0.0)
-        return PacingDecision(max(0.0, self._last_launch + self.interval_s - self._clock()))
+        latest = min(since) + self.aimed_gap_s - self.predicted_step_s()
+        return PacingDecision(max(0.0, latest - self._clock()))
 
     def launched(self) -> None:
-        self._last_launch = self._clock()
+        self._launched.append(self._clock())
+        self._first_tokens_at = None  # their requests are in this step
+
+    def first_tokens(self) -> None:
+        """A prefill result's first tokens went out; their requests decode from the next launch."""
+        if self._first_tokens_at is None:
+            self._first_tokens_at = self._clock()
+
+    def result(self, decode_step: bool, beside_prefill: bool) -> None:
+        """A launched batch's result was processed (in launch order); a decode step's tokens went out."""
+        now = self._clock()
+        launched_at = self._launched.popleft() if self._launched else None
+        if not decode_step:
+            return
+        self._last_result = now
+        if launched_at is None:
+            return
+        self._last_step = now - launched_at
+        if beside_prefill:
+            self._beside.append(self._last_step)
 
     def idle(self) -> None:
         """No decode step ran: the next one has nothing to be spaced from."""
-        self._last_launch = None
+        self._last_result = self._first_tokens_at = None
+        self._launched.clear()

@@ -222,7 +222,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
                               "prefill_pid": link.prefill_pid}, group)
         self._edge_server_info = edge_acc_entry(
             flags.edge_acc_sm_partition, link.split, decode_side_split(flags.edge_acc_sm_partition, device_type),
-            pacing_entry(flags.edge_acc_itl_slo_ms, self.decode_pacer.interval_s), pairs, link.ranks.dp_rank)
+            pacing_entry(flags.edge_acc_itl_slo_ms, self.decode_pacer.aimed_gap_s), pairs, link.ranks.dp_rank)
         if len(pairs) == 1 or dist.get_rank(group=group) == 0:
             logger.info("%s %s", self._edge_log_prefix(), startup_line(self._edge_server_info))
 
@@ -386,9 +386,9 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         where this rank steps alone; elsewhere it runs out (the decode forward after it
         brings the ranks together).
         """
-        if self.decode_pacer.next_step(self.prefill_link.busy).wait_s <= 0:
+        if not self.decode_pacer.paces(self.prefill_link.busy):
             return True
-        # The tokens of the step already run go out before the wait, not after it. Under the
+        # The wait counts from the last step's result, so its tokens go out first. Under the
         # overlap schedule upstream's last_batch is the batch whose result is still queued
         # (a retracting pause takes it from the queue): with its result out, there is none.
         while self.result_queue:
@@ -408,6 +408,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         beside_prefill = self.prefill_link.busy
         self._edge_take_reply_during_step(result)
         self.process_batch_result(batch, result)
+        self.decode_pacer.result(batch.forward_mode.is_decode(), beside_prefill)
         step = self.decode_clock.result(batch.forward_mode.is_decode(), beside_prefill=beside_prefill)
         if batch.forward_mode.is_decode():
             # The batch's size, as the step ran it: a stall at the first step of a size is a one-time cost.
@@ -564,6 +565,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         # made processing wait for the schedule stream twice on every first token's path.
         result.next_token_ids = host_ids
         self.process_batch_result(batch, result)
+        self.decode_pacer.first_tokens()
         self.edge_acc_stats.record_handoff(taken_at - inflight.sent_at, reply.forward_ms, batch.batch_size(),
                                            tokens=tokens, attention_pairs=pairs,
                                            path=prefill_path_parts(inflight, reply, taken_at, time.monotonic()))

@@ -3,9 +3,9 @@
 ``/get_server_info`` (and ``/server_info``) lists, under ``internal_states``,
 the answer of one scheduler per DP rank to upstream's internal-state query. A
 decode side is that scheduler, and adds ``edge_acc`` to its answer: that
-EdgeAcc is on, the SM split in effect on each side, how far apart decode steps
-are spaced while the prefill side has a batch (the knob between the first token
-and the gaps between tokens), and the pids of the decode side (the scheduler
+EdgeAcc is on, the SM split in effect on each side, the gap between tokens that
+decode pacing aims at while the prefill side has a batch (the knob between the
+first token and the gaps between tokens), and the pids of the decode side (the scheduler
 process upstream started) and of the prefill side (the process EdgeAcc started)
 of every rank of its attention-TP group. The same facts go to the startup log
 once per group, as one INFO line.
@@ -49,9 +49,9 @@ def gather_pairs(own: dict, group) -> list[dict]:
     return sorted(gathered, key=lambda pair: pair["tp_rank"])
 
 
-def pacing_entry(itl_slo_ms: float, spacing_s: float) -> dict:
-    """Decode pacing as in effect: the target it follows and the spacing of steps beside a prefill (0: off)."""
-    return {"itl_slo_ms": itl_slo_ms, "step_spacing_ms": round(spacing_s * 1000, 1) if spacing_s > 0 else None}
+def pacing_entry(itl_slo_ms: float, aimed_gap_s: float) -> dict:
+    """Decode pacing as in effect: the target it follows and the gap between tokens it aims at (0: off)."""
+    return {"itl_slo_ms": itl_slo_ms, "aimed_gap_ms": round(aimed_gap_s * 1000, 1) if aimed_gap_s > 0 else None}
 
 
 def edge_acc_entry(sm_partition: str, prefill: SideSplit, decode: SideSplit, pacing: dict, pairs: list[dict],
@@ -90,10 +90,10 @@ def startup_line(entry: dict) -> str:
 
 
 def _pacing_said(pacing: dict) -> str:
-    spacing = pacing["step_spacing_ms"]
-    if spacing is None:
+    gap = pacing["aimed_gap_ms"]
+    if gap is None:
         return "Decode pacing off: decode steps back to back beside a prefill"
-    # The spacing is what a user trades: wider, the prefill side has more of the GPU and the first
-    # token comes sooner; the gaps between tokens grow with it.
-    return (f"Decode steps {spacing:g} ms apart while the prefill side has a batch "
+    # The gap is what a user trades: wider, the prefill side has more of the GPU and the first
+    # token comes sooner.
+    return (f"Beside a prefill, decode steps wait so that tokens come about {gap:g} ms apart "
             f"(--edge-acc-itl-slo-ms {pacing['itl_slo_ms']:g})")
