@@ -319,6 +319,29 @@ def test_requests_whose_first_tokens_went_out_during_a_step_get_their_second_wit
     assert pacer.next_step(prefill_busy=True).wait_s == pytest.approx(0.060 + 0.045 - 0.030 - 0.060)
 
 
+def test_a_pause_that_drops_a_queued_result_leaves_the_pacer_nothing_to_pair_it_with():
+    side, _ = _paced_side(prefill_busy=False)
+    paused = []
+
+    def ingest_requests():
+        if side._next == 3 and not paused:  # step 2 launched, its result still queued (overlap)
+            paused.append(True)
+            side.result_queue.clear()  # what upstream's retracting pause does with it
+            side._engine_paused = True
+        elif side._engine_paused:  # continued, with a prefill batch in flight from now on
+            side._engine_paused = False
+            side.prefill_link.busy = True
+
+    side.ingest_requests = ingest_requests
+    side._record_scheduler_state_for_paused_engine = lambda: None
+    side.event_loop_edge_acc_decode()
+    ev = side.events
+    # A pause is no gap: step 3 waits for nothing before it. Its 10 ms are paired with its own launch (not
+    # with step 2's, whose result the pause dropped), so step 4 waits the 35 ms that aim its tokens 45 ms after.
+    assert ev[_at(ev, "run", 3) - 1][0] != "waited", ev
+    assert ev[_at(ev, "run", 4) - 1] == ("waited", 35), ev
+
+
 def test_with_the_prefill_side_idle_decode_steps_run_back_to_back():
     side, _ = _paced_side(prefill_busy=False)
     side.event_loop_edge_acc_decode()

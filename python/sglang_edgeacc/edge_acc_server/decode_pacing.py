@@ -30,9 +30,9 @@ from typing import Callable, Optional
 TARGET_SHARE = 0.9
 # How many steps beside a prefill the prediction of the next one's time looks back on.
 RECENT_STEPS = 8
-# Steps launched and not yet processed: two under the overlap schedule; more only where a result was
-# dropped without being processed (a retracting pause), and then the oldest is no longer timed.
-MAX_UNPROCESSED = 4
+# Steps launched and not yet processed: at most two under the overlap schedule. A result dropped
+# unprocessed (a retracting pause) would pair the next result with its launch; the pause idles the pacer.
+MAX_UNPROCESSED = 2
 
 
 @dataclass(frozen=True)

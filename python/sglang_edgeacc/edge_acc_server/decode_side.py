@@ -303,8 +303,10 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
                 self.ingest_requests()
                 if self._engine_paused:
                     self._record_scheduler_state_for_paused_engine()
-                    self.decode_clock.idle()  # a pause is no gap between tokens
+                    # A pause is no gap between tokens; a retracting one drops the queued result unprocessed.
+                    self.decode_clock.idle()
                     self.long_gaps.idle()
+                    self.decode_pacer.idle()
                     continue
                 self.decode_clock.mark("requests")
                 self.prefill_link.check_alive()
