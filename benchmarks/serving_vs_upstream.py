@@ -128,16 +128,18 @@ WORKLOAD_TAIL_S = 15.0
 CLOSED_LOOP_ESTIMATE_S = 90.0  # its length depends on the server; the longest seen on an H200
 
 
-def arm_estimate_s(workloads: dict[str, Workload], start_s: float) -> float:
-    return start_s + FINGERPRINT_S + WARM_UP_S + sum(
+def arm_estimate_s(workloads: dict[str, Workload], start_s: float, passes: int = 1) -> float:
+    """An arm's time: its start, fingerprint and warm-up, and its workloads ``passes`` times (one per target)."""
+    return start_s + FINGERPRINT_S + WARM_UP_S + passes * sum(
         w.prompts / w.rate + WORKLOAD_TAIL_S if w.rate else CLOSED_LOOP_ESTIMATE_S for w in workloads.values())
 
 
-def skip_reason(arm: str, workloads: dict[str, Workload], left_s: float | None, start_s: float) -> str | None:
+def skip_reason(arm: str, workloads: dict[str, Workload], left_s: float | None, start_s: float,
+                passes: int = 1) -> str | None:
     """Why an arm is not started: it would not end in the time left (None: start it, or no limit was given)."""
     if left_s is None:
         return None
-    need = arm_estimate_s(workloads, start_s)
+    need = arm_estimate_s(workloads, start_s, passes)
     if need <= left_s:
         return None
     return (f"{arm}: not started: {max(left_s, 0):.0f} s left of the time limit, and this arm needs about "
@@ -200,8 +202,9 @@ def bench_serving_many(plan: dict) -> None:
 
 
 def run_workloads(server: SglangServer, model: str, workloads: dict[str, Workload], log_dir: pathlib.Path,
-                  counters: bool = False) -> dict:
-    files = {name: str(log_dir / f"bench_{name}_{server.port}.jsonl") for name in workloads}
+                  counters: bool = False, tag: str = "") -> dict:
+    """Each workload through bench_serving; ``tag`` tells apart the files of passes on one server."""
+    files = {name: str(log_dir / f"bench_{name}_{server.port}{tag}.jsonl") for name in workloads}
     plan = {
         "runs": [bench_argv(server.url, model, w, files[name], seed=workload_seed(name))
                  for name, w in workloads.items()],
@@ -214,7 +217,7 @@ def run_workloads(server: SglangServer, model: str, workloads: dict[str, Workloa
     python_path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     proc = subprocess.run([sys.executable, "-m", MODULE, "--bench-serving-runs", json.dumps(plan)],
                           env={**os.environ, "PYTHONPATH": python_path}, capture_output=True, text=True, timeout=900)
-    (log_dir / f"bench_serving_{server.port}.log").write_text(proc.stdout[-200_000:] + proc.stderr[-200_000:])
+    (log_dir / f"bench_serving_{server.port}{tag}.log").write_text(proc.stdout[-200_000:] + proc.stderr[-200_000:])
     results = {}
     for name in workloads:
         if not os.path.exists(files[name]):
@@ -376,11 +379,56 @@ def warm_batch_sizes(server: SglangServer, batch: int, vocab: int) -> list[int]:
     return [len(out["output_ids"]) for out in response.json()]
 
 
+def is_edge_acc(arm: str) -> bool:
+    return "--enable-edge-acc" in ARMS[arm][0]
+
+
+def launch_target_ms(arm: str) -> float:
+    """The inter-token target an EdgeAcc arm starts with: its flag, or the default."""
+    from sglang_edgeacc.flags import EdgeAccFlags
+
+    flags = ARMS[arm][0]
+    if "--edge-acc-itl-slo-ms" in flags:
+        return float(flags[flags.index("--edge-acc-itl-slo-ms") + 1])
+    return EdgeAccFlags.edge_acc_itl_slo_ms
+
+
+def target_label(arm: str, itl_slo_ms: float) -> str:
+    """The report's name for an arm's workloads at a target: the arm's own at the one it starts with."""
+    return arm if itl_slo_ms == launch_target_ms(arm) else f"{arm}@itl-{itl_slo_ms:g}"
+
+
+def retarget(server: SglangServer, itl_slo_ms: float) -> None:
+    """Move a running EdgeAcc server to another inter-token target and start it on an empty prefix cache.
+
+    The workloads' prompts depend only on their seeds, so a second pass would otherwise hit the
+    radix cache the first one filled instead of prefilling.
+    """
+    reply = requests.post(f"{server.url}/set_internal_state", timeout=60,
+                          json={"server_args": {"edge_acc_itl_slo_ms": itl_slo_ms}})
+    reply.raise_for_status()
+    if not all(reply.json()):
+        raise RuntimeError(f"the server refused edge_acc_itl_slo_ms={itl_slo_ms}: {reply.json()}")
+    for state in requests.get(f"{server.url}/get_server_info", timeout=60).json()["internal_states"]:
+        said = state["edge_acc"]["decode_pacing"]["itl_slo_ms"]
+        if said != itl_slo_ms:
+            raise RuntimeError(f"asked for an inter-token target of {itl_slo_ms} ms, the server says {said}")
+    deadline = time.monotonic() + 60
+    while requests.post(f"{server.url}/flush_cache", timeout=60).status_code != 200:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the prefix cache could not be flushed within 60 s (requests still running?)")
+        time.sleep(1.0)
+
+
 def run_arm(arm: str, platform: str, model: str, dummy: bool, workloads: dict[str, Workload],
             log_dir: pathlib.Path, fingerprint_vocab: int, layout: tuple[str, ...] = (),
-            counters: bool = False, on_measured=None, warm_up: bool = True) -> dict:
+            counters: bool = False, on_measured=None, warm_up: bool = True,
+            itl_targets: tuple[float, ...] = ()) -> dict:
     """One arm: start its server, fingerprint it, run the workloads, stop it.
 
+    With ``itl_targets`` (EdgeAcc arms) the workloads run once per inter-token target on the same
+    warm server, moved between them through ``/set_internal_state``; the targets' results are in
+    ``entry["targets"]``, each under its :func:`target_label`, the start's target first.
     ``on_measured(entry)`` is called once the measurements are in, before the server
     stops: stopping can take a while, and a step cut off by its time limit then still
     keeps what it measured.
@@ -411,10 +459,24 @@ def run_arm(arm: str, platform: str, model: str, dummy: bool, workloads: dict[st
         entry["gpu_mib"] = server_memory(server)
         entry["workloads"] = run_workloads(server, model, workloads, log_dir, counters=counters)
         entry["gpu_mib_after_load"] = server_memory(server)
-        if on_measured is not None:
-            on_measured(entry)
         for name, r in entry["workloads"].items():
             print(f"[bench] {arm}/{name}: {json.dumps(r)[:300]}", flush=True)
+        later = [t for t in dict.fromkeys(itl_targets) if t != launch_target_ms(arm)] if is_edge_acc(arm) else []
+        if later:
+            entry["targets"] = {}
+            for itl_slo_ms in later:
+                if on_measured is not None:
+                    on_measured(entry)
+                label = target_label(arm, itl_slo_ms)
+                retarget(server, itl_slo_ms)
+                print(f"[bench] {arm}: inter-token target now {itl_slo_ms:g} ms ({label})", flush=True)
+                entry["targets"][label] = {"itl_slo_ms": itl_slo_ms,
+                                           "workloads": run_workloads(server, model, workloads, log_dir, counters,
+                                                                        tag=f"_itl{itl_slo_ms:g}")}
+                for name, r in entry["targets"][label]["workloads"].items():
+                    print(f"[bench] {label}/{name}: {json.dumps(r)[:300]}", flush=True)
+        if on_measured is not None:
+            on_measured(entry)
     except Exception as exc:  # noqa: BLE001 - recorded, the next arm still runs
         entry["error"] = f"{type(exc).__name__}: {exc}"[-3000:]
     finally:
@@ -424,6 +486,16 @@ def run_arm(arm: str, platform: str, model: str, dummy: bool, workloads: dict[st
 
 
 # ----------------------------------------------------------------- report
+def report_arms(arm: str, entry: dict) -> dict:
+    """What one arm's run adds to the report: the arm, and an arm per later target it ran on the same server
+    (its start, fingerprint and memory are the arm's)."""
+    own = {key: value for key, value in entry.items() if key != "targets"}
+    arms = {arm: own}
+    for label, measured in entry.get("targets", {}).items():
+        arms[label] = {**own, **measured, "same_server_as": arm}
+    return arms
+
+
 def _better(metric: str, a: float, b: float) -> bool:
     return a > b if metric == "total_throughput" else a < b
 
@@ -566,6 +638,9 @@ def main(argv=None) -> int:
     parser.add_argument("--cold", action="store_true",
                         help="no warm-up: each workload also pays what a server does once at a batch size it has "
                              "not run before (the workload first to reach a size pays it)")
+    parser.add_argument("--itl-targets", default="",
+                        help="comma-separated inter-token targets in ms: each EdgeAcc arm runs its workloads once "
+                             "per target on the same warm server (/set_internal_state), reported as ARM@itl-T")
     parser.add_argument("--bench-serving-runs", help=argparse.SUPPRESS)  # internal: one process per arm
     args = parser.parse_args(argv)
     if args.bench_serving_runs:
@@ -593,21 +668,24 @@ def main(argv=None) -> int:
     results = {"platform": args.platform, "model": model, "common_args": list(COMMON_ARGS),
                "layout": args.layout, "arms": {}}
     def save(arm: str, entry: dict) -> None:
-        results["arms"][arm] = entry
+        results["arms"].update(report_arms(arm, entry))
         out.write_text(json.dumps(results, indent=1))
 
     began = time.monotonic()
     start_s = GPU_START_ESTIMATE_S if args.platform == "cuda" else CPU_START_ESTIMATE_S
+    itl_targets = tuple(float(t) for t in args.itl_targets.split(",") if t)
     for arm in args.arms.split(","):
         left_s = args.time_limit_s - (time.monotonic() - began) if args.time_limit_s else None
-        reason = skip_reason(arm, workloads, left_s, start_s)
+        passes = len({launch_target_ms(arm), *itl_targets}) if is_edge_acc(arm) else 1
+        reason = skip_reason(arm, workloads, left_s, start_s, passes)
         if reason:
             print(f"[bench] {reason}", flush=True)
             save(arm, {"not_started": reason})
             continue
         save(arm, run_arm(arm, args.platform, model, dummy, workloads, log_dir, vocab,
                           layout=tuple(args.layout.split()), counters=args.gpu_share,
-                          on_measured=lambda entry, arm=arm: save(arm, entry), warm_up=not args.cold))
+                          on_measured=lambda entry, arm=arm: save(arm, entry), warm_up=not args.cold,
+                          itl_targets=itl_targets))
         start_s = max(start_s, results["arms"][arm].get("started_s") or 0.0)  # the slowest start seen is the guess
     print(ratio_table(results["arms"]))
     print(slo_table(results["arms"]))

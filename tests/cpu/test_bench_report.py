@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import requests
+
 from benchmarks import gpu_share, serving_vs_upstream
 from tests.harness import SHARED_EDGE_ACC_LAUNCH
 
@@ -119,6 +121,30 @@ def test_an_arm_that_would_not_end_in_the_time_left_is_not_started():
     assert serving_vs_upstream.arm_estimate_s(steady, 100.0) == 205.0
 
 
+def test_an_edge_acc_arm_with_several_targets_needs_its_workloads_once_per_target():
+    workloads = {w: serving_vs_upstream.WORKLOADS[w] for w in ("poisson_2", "poisson_4", "poisson_8")}
+    # One start, fingerprint and warm-up; 105 s of workloads at each of three targets.
+    assert serving_vs_upstream.arm_estimate_s(workloads, 160.0, passes=3) == 490.0
+    assert serving_vs_upstream.skip_reason("edgeacc", workloads, left_s=400.0, start_s=160.0, passes=3)
+    assert serving_vs_upstream.skip_reason("edgeacc", workloads, left_s=400.0, start_s=160.0) is None
+
+
+def test_a_targets_workloads_are_an_arm_of_the_report_named_after_it():
+    assert serving_vs_upstream.launch_target_ms("edgeacc") == 50.0
+    assert serving_vs_upstream.launch_target_ms("edgeacc-itl-75") == 75.0
+    assert serving_vs_upstream.target_label("edgeacc", 50.0) == "edgeacc"
+    assert serving_vs_upstream.target_label("edgeacc", 100.0) == "edgeacc@itl-100"
+    assert serving_vs_upstream.target_label("edgeacc", 67.5) == "edgeacc@itl-67.5"
+    entry = {"started_s": 120.0, "fingerprint": {"lone": [1]}, "workloads": {"poisson_8": _result(1.0)},
+             "targets": {"edgeacc@itl-100": {"itl_slo_ms": 100.0, "workloads": {"poisson_8": _result(2.0)}}}}
+    arms = serving_vs_upstream.report_arms("edgeacc", entry)
+    assert arms["edgeacc"] == {"started_s": 120.0, "fingerprint": {"lone": [1]},
+                               "workloads": {"poisson_8": _result(1.0)}}
+    assert arms["edgeacc@itl-100"] == {"started_s": 120.0, "fingerprint": {"lone": [1]}, "itl_slo_ms": 100.0,
+                                       "workloads": {"poisson_8": _result(2.0)}, "same_server_as": "edgeacc"}
+    assert "| edgeacc@itl-100 | 2 |" in serving_vs_upstream.ratio_table(arms)
+
+
 def test_a_run_out_of_time_says_which_arms_it_did_not_start_and_fails(tmp_path, capsys):
     out = tmp_path / "bench.json"
     code = serving_vs_upstream.main(["--platform", "cpu", "--dry-run", "--arms", "upstream,edgeacc",
@@ -147,3 +173,18 @@ def test_the_warm_up_runs_its_requests_together_through_every_batch_size(cpu_ser
     # One request at a time would be 15 steps of one request. (A scheduler that found the requests in two
     # prefill batches would still decode most of them together.)
     assert requests >= 15 and requests / steps >= 2.0, (steps, requests)
+
+
+def test_the_benchmark_moves_a_running_server_to_another_target_on_an_empty_prefix_cache(cpu_servers):
+    """On the real EdgeAcc server, through upstream's endpoints: the target the server then says, no cached prompt."""
+    server = cpu_servers.get(*SHARED_EDGE_ACC_LAUNCH)
+    prompt = "the same prompt twice " * 20
+    server.generate(prompt, max_new_tokens=2)
+    assert server.generate(prompt, max_new_tokens=2)["meta_info"]["cached_tokens"] > 0
+    try:
+        serving_vs_upstream.retarget(server, 100.0)
+        (state,) = requests.get(f"{server.url}/get_server_info", timeout=30).json()["internal_states"]
+        assert state["edge_acc"]["decode_pacing"] == {"itl_slo_ms": 100.0, "aimed_gap_ms": 90.0}
+        assert server.generate(prompt, max_new_tokens=2)["meta_info"]["cached_tokens"] == 0
+    finally:
+        serving_vs_upstream.retarget(server, 50.0)  # the shared server's default, for the tests after this one

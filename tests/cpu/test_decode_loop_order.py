@@ -301,6 +301,20 @@ def test_the_pacer_predicts_a_step_from_the_longest_recent_one_beside_a_prefill(
     assert pacer.predicted_step_s() == pytest.approx(0.010)  # the 30 ms step is out of the window
 
 
+def test_a_new_target_aims_the_next_step_and_keeps_what_recent_steps_took():
+    clock = _Clock()
+    pacer = DecodePacer(itl_slo_ms=50.0, clock=clock)
+    pacer.launched()
+    clock.now += 0.020
+    pacer.result(True, True)  # a 20 ms step beside a prefill
+    assert pacer.next_step(prefill_busy=True).wait_s == pytest.approx(0.045 - 0.020)
+    pacer.retarget(100.0)
+    assert pacer.aimed_gap_s == pytest.approx(0.090)
+    assert pacer.next_step(prefill_busy=True).wait_s == pytest.approx(0.090 - 0.020)
+    pacer.retarget(20.0)  # an aim of 18 ms, below what steps take: none waits (the overlap schedule)
+    assert not pacer.paces(prefill_busy=True) and pacer.next_step(prefill_busy=True).wait_s == 0
+
+
 def test_requests_whose_first_tokens_went_out_during_a_step_get_their_second_within_the_aim():
     clock = _Clock()
     pacer = DecodePacer(itl_slo_ms=50.0, clock=clock)

@@ -330,6 +330,41 @@ def test_server_info_says_edge_acc_is_on_with_its_split_and_both_sides_pids(cpu_
         f"tp0: decode side pid {decode_pid} (the scheduler), prefill side pid {prefill_pid}"), started
 
 
+def _pacing(server) -> dict:
+    (state,) = requests.get(f"{server.url}/get_server_info", timeout=30).json()["internal_states"]
+    return state["edge_acc"]["decode_pacing"]
+
+
+def _set_internal_state(server, **server_args) -> list:
+    reply = requests.post(f"{server.url}/set_internal_state", json={"server_args": server_args}, timeout=30)
+    reply.raise_for_status()
+    return reply.json()
+
+
+def test_the_inter_token_target_moves_while_the_server_runs_and_a_refused_one_changes_nothing(cpu_servers):
+    server = cpu_servers.get(*SHARED_EDGE_ACC_LAUNCH)
+    try:
+        assert _set_internal_state(server, edge_acc_itl_slo_ms=80) == [True]
+        assert _pacing(server) == {"itl_slo_ms": 80.0, "aimed_gap_ms": 72.0}
+        assert server.generate("Hello world", max_new_tokens=4)["output_ids"]  # still serving
+        said = [line for line in server.log_tail(10**7).splitlines() if "inter-token target" in line]
+        assert said[-1].endswith("[edgeacc decode tp0] inter-token target 50 -> 80 ms (/set_internal_state): "
+                                 "Beside a prefill, decode steps wait so that tokens come about 72 ms apart "
+                                 "(target 80)"), said
+        # Not a positive number, or beside a key upstream refuses: nothing changes, and the log says why.
+        assert _set_internal_state(server, edge_acc_itl_slo_ms=-5) == [False]
+        assert _set_internal_state(server, edge_acc_itl_slo_ms=60, no_such_knob=1) == [False]
+        assert _pacing(server) == {"itl_slo_ms": 80.0, "aimed_gap_ms": 72.0}
+        log = server.log_tail(10**6)
+        assert "edge_acc_itl_slo_ms not changed: -5 is not a positive number of milliseconds" in log
+        assert "Updating no_such_knob is not supported." in log
+        # Upstream's own keys are still upstream's.
+        assert _set_internal_state(server, pp_max_micro_batch_size=0) == [False]
+    finally:
+        assert _set_internal_state(server, edge_acc_itl_slo_ms=50) == [True]
+    assert _pacing(server) == {"itl_slo_ms": 50.0, "aimed_gap_ms": 45.0}
+
+
 def test_the_server_runs_every_decode_batch_size_before_it_listens(cpu_servers):
     """A server's first decode step at a new batch size can stall; the warm-up pays that before any user does."""
     server = cpu_servers.get(*SHARED_EDGE_ACC_LAUNCH)

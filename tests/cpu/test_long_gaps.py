@@ -179,3 +179,19 @@ def test_short_gaps_idle_loops_and_a_second_long_gap_within_the_interval_take_no
         assert gaps.gap(_step(0.15)) is None
         gaps.idle()
     assert len(_stack_lines(caplog)) == 1
+
+
+def test_a_new_target_moves_the_threshold_also_for_the_gap_being_watched(caplog):
+    gaps = LongGapLog(itl_slo_ms=500.0, log_prefix=lambda: "[edgeacc decode tp0]", stacks=True)
+    assert gaps.threshold_s == 1.0
+    with caplog.at_level(logging.WARNING):
+        gaps.gap(None, requests=4)  # a gap is watched from here, its stack due after 1 s
+        _waits_here(0.05)  # the watching thread asleep until then
+        gaps.retarget(50.0)
+        assert gaps.threshold_s == 0.1
+        _waits_here(0.3)
+        line = gaps.gap(_step(0.3), requests=4)
+        gaps.idle()
+    [stack] = _stack_lines(caplog)  # taken at the new threshold, not the old deadline
+    assert stack.startswith("[edgeacc decode tp0] no decode result for 1"), stack
+    assert "(reported from 100 ms)" in line, line

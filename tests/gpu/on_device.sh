@@ -11,7 +11,9 @@
 #                                 BENCH_LAYOUT="--tp 2" (say) adds a layout to every arm; BENCH_GPU_SHARE=1 adds
 #                                 --gpu-share (each EdgeAcc side's TFLOP/s and GB/s from its work counters);
 #                                 BENCH_SHAPE=32b serves Qwen3-32B's shape instead of Qwen3-8B's; BENCH_COLD=1
-#                                 leaves out the warm-up through every decode batch size (--cold); an arm that
+#                                 leaves out the warm-up through every decode batch size (--cold);
+#                                 BENCH_ITL_TARGETS=50,75,100 runs each EdgeAcc arm's workloads once per
+#                                 inter-token target on its one warm server (--itl-targets); an arm that
 #                                 would not end inside STEP_LIMIT_S (its start, 100-160 s on an H100, and its
 #                                 workloads) is not started, and the step says so
 #   mps-priority                  benchmarks.latency_physics, prefill side at normal and below-normal priority;
@@ -100,7 +102,7 @@ run_one() {  # index, kind, a, b
       run_step "bench$i" "$STEP_LIMIT_S" python3 -m benchmarks.serving_vs_upstream --out "$OUT/bench$i.json" \
         --workdir "$WORK/models$i" --arms "$a" ${b:+--workloads "$b"} ${BENCH_LAYOUT:+--layout="$BENCH_LAYOUT"} \
         ${BENCH_GPU_SHARE:+--gpu-share} ${BENCH_COLD:+--cold} --shape "${BENCH_SHAPE:-8b}" \
-        --time-limit-s "$((STEP_LIMIT_S - 30))" ;;
+        ${BENCH_ITL_TARGETS:+--itl-targets "$BENCH_ITL_TARGETS"} --time-limit-s "$((STEP_LIMIT_S - 30))" ;;
     faults)
       run_step "faults$i" "$STEP_LIMIT_S" python3 -m tests.gpu.faults --out "$OUT/faults$i.json" \
         --workdir "$WORK/models$i" ${a:+--cases "$a"} --soak-s "${FAULTS_SOAK_S:-300}" ;;

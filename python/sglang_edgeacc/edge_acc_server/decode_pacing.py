@@ -35,6 +35,10 @@ RECENT_STEPS = 8
 MAX_UNPROCESSED = 2
 
 
+def _aimed_gap_s(itl_slo_ms: float) -> float:
+    return max(0.0, itl_slo_ms) * TARGET_SHARE / 1000.0
+
+
 @dataclass(frozen=True)
 class PacingDecision:
     wait_s: float  # how long to wait before the next decode step; 0: now
@@ -44,7 +48,7 @@ class DecodePacer:
     """Owns the times of the decode steps' launches and results; says how long the next launch waits."""
 
     def __init__(self, itl_slo_ms: float, clock: Callable[[], float] = time.monotonic):
-        self.aimed_gap_s = max(0.0, itl_slo_ms) * TARGET_SHARE / 1000.0
+        self.aimed_gap_s = _aimed_gap_s(itl_slo_ms)
         self._clock = clock
         self._launched: deque[float] = deque(maxlen=MAX_UNPROCESSED)
         self._last_result: Optional[float] = None
@@ -57,6 +61,10 @@ class DecodePacer:
     @property
     def enabled(self) -> bool:
         return self.aimed_gap_s > 0
+
+    def retarget(self, itl_slo_ms: float) -> None:
+        """Aim at a new target from the next step on; what recent steps took stays (it is the GPU's, not the aim's)."""
+        self.aimed_gap_s = _aimed_gap_s(itl_slo_ms)
 
     def paces(self, prefill_busy: bool) -> bool:
         """Whether the next step may wait: while the prefill side has a batch, if steps leave slack.

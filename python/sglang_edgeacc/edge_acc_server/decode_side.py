@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 from sglang.srt.runtime_context import get_device, get_model, get_parallel
 
-from sglang_edgeacc.edge_acc_server import roles, upstream_mirror
+from sglang_edgeacc.edge_acc_server import pacing_target, roles, upstream_mirror
 from sglang_edgeacc.edge_acc_server.batch_codec import PrefillBatchNotSendable, UnsendablePart, pack_prefill_batch
 from sglang_edgeacc.edge_acc_server.decode_pacing import DecodePacer
 from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStepClock, GcTimer
@@ -41,6 +41,7 @@ from sglang_edgeacc.edge_acc_server.server_info import (
     edge_acc_entry,
     gather_pairs,
     pacing_entry,
+    pacing_said,
     startup_line,
 )
 from sglang_edgeacc.flags import get_flags
@@ -230,6 +231,34 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         reply = super().get_internal_state(recv_req)
         reply.internal_state["edge_acc"] = self._edge_server_info
         return reply
+
+    def set_internal_state(self, recv_req):
+        """Upstream's update, and ``edge_acc_itl_slo_ms`` (``pacing_target``): all keys accepted, or none."""
+        import msgspec
+        from sglang.srt.managers.io_struct import SetInternalStateReqOutput
+
+        target, rest = pacing_target.split_request(recv_req.server_args)
+        if target is None:
+            return super().set_internal_state(recv_req)
+        why_not = pacing_target.refusal(target, get_flags(self.server_args).edge_acc_decode_pacing == "on")
+        if why_not is not None:
+            logger.warning("%s %s", self._edge_log_prefix(), why_not)
+            return SetInternalStateReqOutput(updated=False)
+        if rest:
+            reply = super().set_internal_state(msgspec.structs.replace(recv_req, server_args=rest))
+            if not reply.updated:
+                return reply
+        self._edge_retarget(float(target))
+        return SetInternalStateReqOutput(updated=True)
+
+    def _edge_retarget(self, itl_slo_ms: float) -> None:
+        before = self._edge_server_info.get("decode_pacing", {}).get("itl_slo_ms")
+        self.decode_pacer.retarget(itl_slo_ms)
+        self.long_gaps.retarget(itl_slo_ms)
+        pacing = pacing_entry(itl_slo_ms, self.decode_pacer.aimed_gap_s)
+        self._edge_server_info["decode_pacing"] = pacing
+        logger.info("%s inter-token target %s -> %g ms (/set_internal_state): %s", self._edge_log_prefix(),
+                    "?" if before is None else f"{before:g}", itl_slo_ms, pacing_said(pacing, "target"))
 
     def init_weight_updater(self) -> None:
         super().init_weight_updater()

@@ -30,10 +30,14 @@ FLOOR_MS = 100.0
 MIN_INTERVAL_S = 1.0
 
 
+def _threshold_s(itl_slo_ms: float) -> float:
+    return max(TARGETS_PER_REPORT * itl_slo_ms, FLOOR_MS) / 1000.0
+
+
 class LongGapLog:
     def __init__(self, itl_slo_ms: float, log_prefix: Callable[[], str],
                  clock: Callable[[], float] = time.monotonic, stacks: bool = False):
-        self.threshold_s = max(TARGETS_PER_REPORT * itl_slo_ms, FLOOR_MS) / 1000.0
+        self.threshold_s = _threshold_s(itl_slo_ms)
         self._log_prefix = log_prefix
         self._clock = clock
         self._last_line: Optional[float] = None
@@ -43,6 +47,12 @@ class LongGapLog:
         # Every running-batch size a decode result has come from: a stall at the first step of a size is
         # something done once per size (a graph's first replay, a kernel specialised on first use).
         self._sizes: set[int] = set()
+
+    def retarget(self, itl_slo_ms: float) -> None:
+        """Report from the threshold of a new inter-token target on, the gap being watched included."""
+        self.threshold_s = _threshold_s(itl_slo_ms)
+        if self._stacks is not None:
+            self._stacks.retime(self.threshold_s)
 
     def gap(self, step: Optional[DecodeStep], requests: Optional[int] = None) -> Optional[str]:
         """One decode result (of ``requests`` running requests, where known); returns the line logged, if any.

@@ -86,14 +86,15 @@ def startup_line(entry: dict) -> str:
         for pair in entry["sides"]
     )
     dp = "" if entry["dp_rank"] is None else f" (dp{entry['dp_rank']})"
-    return f"EdgeAcc on{dp}. SM split: {said}. {_pacing_said(entry['decode_pacing'])}. {sides}"
+    return f"EdgeAcc on{dp}. SM split: {said}. {pacing_said(entry['decode_pacing'])}. {sides}"
 
 
-def _pacing_said(pacing: dict) -> str:
+def pacing_said(pacing: dict, target_named: str = "--edge-acc-itl-slo-ms") -> str:
+    """Decode pacing in words, its target named as ``target_named`` (the flag at start)."""
     gap = pacing["aimed_gap_ms"]
     if gap is None:
         return "Decode pacing off: decode steps back to back beside a prefill"
     # The gap is what a user trades: wider, the prefill side has more of the GPU and the first
     # token comes sooner.
     return (f"Beside a prefill, decode steps wait so that tokens come about {gap:g} ms apart "
-            f"(--edge-acc-itl-slo-ms {pacing['itl_slo_ms']:g})")
+            f"({target_named} {pacing['itl_slo_ms']:g})")

@@ -49,6 +49,11 @@ class StallStack:
         if was_idle:
             self._wake.set()
 
+    def retime(self, seconds: float) -> None:
+        """Take stacks from ``seconds`` into an interval on, the one being watched included."""
+        self.seconds = seconds
+        self._wake.set()  # the thread may be asleep until the old deadline
+
     def stop(self) -> bool:
         """The interval ends; whether its stack was taken."""
         since, self._since = self._since, None

@@ -44,7 +44,7 @@ One row per module of ``PATCH_MODULES`` (a test checks that every row exists).
   ``MHATokenToKVPool._create_buffers_normal``, ``ReqToTokenPool.__init__``
   and the scheduler module's ``configure_logger`` (AROUND); plus the scheduler,
   worker, loader and pool symbols the EdgeAcc scheduler calls or overrides
-  (``Scheduler.get_internal_state`` and ``handle_freeze_gc``, which also freezes the prefill side's
+  (``Scheduler.get_internal_state``, ``set_internal_state`` and ``handle_freeze_gc``, which also freezes the prefill side's
   garbage collector, included), checked for their signatures. Installed only in processes of a launch with
   ``--enable-edge-acc`` (``SGLANG_EDGEACC=1``). Why: upstream has no intra-GPU
   prefill/decode split; each GPU needs a decode side that owns all memory state
@@ -88,7 +88,10 @@ One row per module of ``PATCH_MODULES`` (a test checks that every row exists).
   upstream's internal-state query (``get_internal_state``; ``/get_server_info``
   lists one answer per DP rank under ``internal_states``): EdgeAcc on, the SM
   split in effect on each side, and the pids of both sides of every rank of
-  its attention-TP group, gathered once at start. An abort looks where upstream
+  its attention-TP group, gathered once at start; it also takes the key
+  ``edge_acc_itl_slo_ms`` of upstream's internal-state update (``set_internal_state``,
+  ``/set_internal_state``): decode pacing's target, moved while the server runs, and the
+  rest of the request to upstream (all keys accepted, or none). An abort looks where upstream
   keeps its in-flight batches (``_collect_inflight_batches``: the running and
   the last batch); the decode side adds the batch at its prefill side, whose
   requests then finish with the abort when its result is processed, as

@@ -144,6 +144,8 @@ PATCH = Patch(
         Target(f"{SCHEDULER}.configure_logger", params=("server_args", "prefix")),
         Target(f"{SCHEDULER}.Scheduler.get_internal_state", params=("self", "recv_req")),
         Target(f"{SCHEDULER}.Scheduler.handle_freeze_gc", params=("self", "recv_req")),
+        Target(f"{SCHEDULER}.Scheduler.set_internal_state", params=("self", "recv_req")),
+        Target("sglang.srt.managers.io_struct.SetInternalStateReqOutput"),
         Target("sglang.srt.utils.freeze_gc", params=("context", "gc_threshold")),
         Target("sglang.srt.managers.overlap_utils.resolve_forward_inputs", params=("batch", "future_map")),
         Target("sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation"),
