@@ -129,6 +129,43 @@ def test_register_twice_installs_every_hook_once(subprocess_results):
     assert report["help"] == 1  # the parser has the flag exactly once
 
 
+# Installs the graph_input_copy patch as an EdgeAcc process would and calls the graph-input copy's
+# kernel entry with what upstream's own function cannot take (it raises on objects that are not tensors).
+GRAPH_INPUT_COPY = textwrap.dedent(
+    """
+    import json, os
+    from sglang.kernels.ops.memory import small_copy
+    from sglang.srt.plugins.hook_registry import HookRegistry
+    from sglang_edgeacc.patches import graph_input_copy
+    from sglang_edgeacc.patches._base import verify
+
+    def declines():
+        try:
+            return small_copy.try_small_copy([object(), object()], [object(), object()]) is False
+        except AttributeError:
+            return "upstream's"
+    patch = graph_input_copy.PATCH
+    verify(patch)
+    seen = {"plain": patch.applies(), "upstream": declines()}
+    os.environ["SGLANG_EDGEACC"] = "1"
+    seen["edge_acc"] = patch.applies()
+    patch.install()
+    HookRegistry.apply_hooks()
+    seen["installed"] = declines()
+    print("RESULTS " + json.dumps(seen))
+    """
+)
+
+
+def test_an_edge_acc_process_copies_graph_inputs_without_the_kernel_triton_compiles_at_run_time():
+    result = subprocess.run([sys.executable, "-c", GRAPH_INPUT_COPY], env=_clean_env(), capture_output=True,
+                            text=True, timeout=300)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULTS ")]
+    assert result.returncode == 0 and lines, result.stdout[-2000:] + result.stderr[-3000:]
+    assert json.loads(lines[-1][len("RESULTS "):]) == {
+        "plain": False, "upstream": "upstream's", "edge_acc": True, "installed": True}
+
+
 # --- verification: a mismatch names the patch and the symbol --------------------------
 
 

@@ -25,6 +25,8 @@
 #                                 empty-unpatched on request; FAULTS_SOAK_S, default 300)
 #   start-failure                 tests/cpu/test_server_start.py in the real server on the GPU (EDGEACC_TEST_PLATFORM=cuda)
 #   codec                         tests.gpu.test_batch_codec_gpu: the next batch unpacks while a forward runs
+#   graph-copy                    tests.gpu.test_graph_input_copy_gpu: with EdgeAcc no graph-input copy compiles a
+#                                 kernel (upstream's small copy, the control, compiles anew for misaligned sources)
 #   bg+STEP                       STEP in the background, beside the steps after it (waited for at the end)
 #
 # EdgeAcc servers are MPS clients of the daemon (EDGEACC_SUITE_MPS_PIPE names its pipe directory);
@@ -109,6 +111,9 @@ run_one() {  # index, kind, a, b
     start-failure)
       run_step "start_failure$i" "$STEP_LIMIT_S" env EDGEACC_TEST_PLATFORM=cuda python3 -m pytest -p no:cacheprovider \
         -q -rA tests/cpu/test_server_start.py ;;
+    graph-copy)
+      run_step "graph_copy$i" 120 python3 -m tests.gpu.test_graph_input_copy_gpu
+      cp "$WORK/logs/graph_copy$i.log" "$OUT/graph_copy$i.txt" 2>/dev/null ;;
     codec)
       run_step "codec$i" 120 python3 -m tests.gpu.test_batch_codec_gpu
       cp "$WORK/logs/codec$i.log" "$OUT/codec$i.txt" 2>/dev/null ;;

@@ -204,6 +204,19 @@ One row per module of ``PATCH_MODULES`` (a test checks that every row exists).
   size from n down to one before the server listens, and flushes the prefix cache
   after it (``flush_cache``), so no prompt of a user finds the warm-up's.
   Removable when upstream warms its decode batch sizes at start.
+* ``graph_input_copy`` — target: ``sglang.kernels.ops.memory.small_copy.try_small_copy``
+  (REPLACE through ``HookRegistry``), called at run time by upstream's CUDA-graph input copy
+  (``cuda_graph_buffer_registry._grouped_foreach_copy_`` and ``runner_utils.buffers``), both
+  checked; installed only in processes of a launch with ``--enable-edge-acc``. Why: it launches
+  a Triton kernel that Triton specializes on its arguments, among them the 16-byte alignment of
+  every source pointer, which follows where the allocator's free list happens to start; a batch
+  whose inputs specialize it anew compiles a kernel (``ptxas``) inside the decode step's launch.
+  Seen on an H100 in the decode loop's stack during a gap: 118 ms without a decode result at 16
+  running requests, a batch size the warm-up had run (and 172 ms at 16 in an earlier run), every
+  running request's worst gap; plain sglang takes the same path. How: the replacement declines
+  every copy, so the callers take their own fallback, torch's foreach copy grouped by dtype pair
+  (no kernel compiled at run time; a launch or two more per step). Removable when upstream's small
+  copy no longer specializes on pointer alignment, or compiles its variants at start.
 """
 
 from __future__ import annotations
@@ -227,6 +240,7 @@ PATCH_MODULES: tuple[str, ...] = (
     "sglang_edgeacc.patches.http_port",
     "sglang_edgeacc.patches.shm_reclaim",
     "sglang_edgeacc.patches.decode_warmup",
+    "sglang_edgeacc.patches.graph_input_copy",
 )
 
 _installed = False
