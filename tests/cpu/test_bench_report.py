@@ -44,6 +44,16 @@ def test_slo_attainment_counts_the_first_token_and_the_worst_gap_of_each_request
     # 1: met, tight; 2: met (1.5 s <= 2 s), not tight; 3: a 101 ms gap; 4: failed.
     assert got["slo_attainment"] == 0.5 and got["tight_slo_attainment"] == 0.25
     assert got["p90_ttft_ms"] == 1500.0
+    assert got["gap_over_slo_requests"] == 1 and got["gap_over_slo_first_only"] == 0  # request 3, its second gap
+
+
+def test_requests_whose_only_long_gap_is_their_first_are_counted_apart():
+    details = {"input_lens": [800] * 4, "ttfts": [0.1] * 4,
+               "itls": [[0.12, 0.02], [0.12, 0.2], [0.02, 0.2], [0.02, 0.03]]}
+    got = serving_vs_upstream.slo_attainment(details)
+    assert got["gap_over_slo_requests"] == 3 and got["gap_over_slo_first_only"] == 1
+    arms = {"edgeacc": {"workloads": {"poisson_8": {**got, "p90_ttft_ms": 100.0}}}}
+    assert "| poisson_8 | edgeacc | 100 | 25% | 25% | 3 (1) |" in serving_vs_upstream.slo_table(arms)
 
 
 def test_the_goodput_rate_is_the_highest_poisson_rate_with_90_percent_met():
