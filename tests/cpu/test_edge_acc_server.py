@@ -168,6 +168,12 @@ def test_edge_acc_with_data_parallelism_matches_upstream(cpu_servers, launch):
     # step of the group's own).
     _wait_for(lambda: len(_prefill_freezes(edge, tp_rank=None)) == 2)
     check_generate_and_chat(edge)
+    # The inter-token target reaches every DP rank (and every TP rank of a group: they step together).
+    assert _set_internal_state(edge, edge_acc_itl_slo_ms=80) == [True, True]
+    states = requests.get(f"{edge.url}/get_server_info", timeout=30).json()["internal_states"]
+    assert [state["edge_acc"]["decode_pacing"]["itl_slo_ms"] for state in states] == [80.0, 80.0]
+    assert _lone_then_burst(edge)["lone"] == expected["lone"]
+    assert _set_internal_state(edge, edge_acc_itl_slo_ms=50) == [True, True]
     if launch != DP_ATTENTION:  # that one is kept for the deadlock test
         cpu_servers.release(*launch, "--enable-edge-acc", env=edge_env)
     check_generate_and_chat(cpu_servers.get(*launch))
