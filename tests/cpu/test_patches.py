@@ -77,6 +77,7 @@ def subprocess_results(tmp_path_factory) -> dict[str, subprocess.CompletedProces
         "patches": (cli + ["patches"], _clean_env()),
         "patches_json": (cli + ["patches", "--json"], _clean_env()),
         "register_twice": ([sys.executable, "-c", REGISTER_TWICE], _clean_env(SGLANG_PLATFORM=PLATFORM_NAME)),
+        "graph_input_copy": ([sys.executable, "-c", GRAPH_INPUT_COPY], _clean_env()),
     }
     running = {}
     for name, (argv, env) in commands.items():
@@ -157,9 +158,8 @@ GRAPH_INPUT_COPY = textwrap.dedent(
 )
 
 
-def test_an_edge_acc_process_copies_graph_inputs_without_the_kernel_triton_compiles_at_run_time():
-    result = subprocess.run([sys.executable, "-c", GRAPH_INPUT_COPY], env=_clean_env(), capture_output=True,
-                            text=True, timeout=300)
+def test_an_edge_acc_process_copies_graph_inputs_without_the_kernel_triton_compiles_at_run_time(subprocess_results):
+    result = subprocess_results["graph_input_copy"]
     lines = [line for line in result.stdout.splitlines() if line.startswith("RESULTS ")]
     assert result.returncode == 0 and lines, result.stdout[-2000:] + result.stderr[-3000:]
     assert json.loads(lines[-1][len("RESULTS "):]) == {
