@@ -26,7 +26,7 @@
 #   start-failure                 tests/cpu/test_server_start.py in the real server on the GPU (EDGEACC_TEST_PLATFORM=cuda)
 #   codec                         tests.gpu.test_batch_codec_gpu: the next batch unpacks while a forward runs
 #   graph-copy                    tests.gpu.test_graph_input_copy_gpu: with EdgeAcc no graph-input copy compiles a
-#                                 kernel (upstream's small copy, the control, compiles anew for misaligned sources)
+#                                 kernel (upstream's small copy, the control, compiles; whether anew for misaligned sources is reported)
 #   bg+STEP                       STEP in the background, beside the steps after it (waited for at the end)
 #
 # EdgeAcc servers are MPS clients of the daemon (EDGEACC_SUITE_MPS_PIPE names its pipe directory);

@@ -208,12 +208,13 @@ One row per module of ``PATCH_MODULES`` (a test checks that every row exists).
   (REPLACE through ``HookRegistry``), called at run time by upstream's CUDA-graph input copy
   (``cuda_graph_buffer_registry._grouped_foreach_copy_`` and ``runner_utils.buffers``), both
   checked; installed only in processes of a launch with ``--enable-edge-acc``. Why: it launches
-  a Triton kernel that Triton specializes on its arguments, among them the 16-byte alignment of
-  every source pointer, which follows where the allocator's free list happens to start; a batch
-  whose inputs specialize it anew compiles a kernel (``ptxas``) inside the decode step's launch.
-  Seen on an H100 in the decode loop's stack during a gap: 118 ms without a decode result at 16
-  running requests, a batch size the warm-up had run (and 172 ms at 16 in an earlier run), every
-  running request's worst gap; plain sglang takes the same path. How: the replacement declines
+  a Triton kernel that Triton compiles once per specialization of its arguments (for pointers, by
+  Triton's default, whether each is 16-byte aligned; which key changed in the server is not yet
+  measured); a batch whose inputs specialize it anew compiles a kernel (``ptxas``) inside the
+  decode step's launch. Seen on an H100 in the decode loop's stack during a gap: 118 ms without a
+  decode result at 16 running requests, a batch size the warm-up had run, every running request's
+  worst gap (a stop of 172 ms at 16 in an earlier run, in the same part of the loop, is most likely
+  the same; its stack was not taken); plain sglang takes the same path. How: the replacement declines
   every copy, so the callers take their own fallback, torch's foreach copy grouped by dtype pair
   (no kernel compiled at run time; a launch or two more per step). Removable when upstream's small
   copy no longer specializes on pointer alignment, or compiles its variants at start.
