@@ -560,11 +560,14 @@ def outputs_table(arms: dict) -> str:
     lines = []
     for arm, entry in arms.items():
         fp = entry.get("fingerprint")
-        if arm == "upstream" or ref is None or fp is None:
-            continue
+        if arm == "upstream" or ref is None or fp is None or entry.get("same_server_as"):
+            continue  # a later target's pass: its server was fingerprinted once, at the target it started with
         problems = compare(ref, fp)
         lines.append(f"- {arm}: greedy outputs {'equal upstream' if not problems else 'DIFFER: ' + '; '.join(problems)[:400]}")
-    starts = ", ".join(f"{a} {e.get('started_s', '-')} s" for a, e in arms.items())
+    later = [a for a, e in arms.items() if e.get("same_server_as")]
+    if later:
+        lines.append(f"- {', '.join(later)}: the same servers at other targets, not fingerprinted again")
+    starts = ", ".join(f"{a} {e.get('started_s', '-')} s" for a, e in arms.items() if not e.get("same_server_as"))
     lines.append(f"- start to healthy: {starts}")
     return "\n".join(lines)
 

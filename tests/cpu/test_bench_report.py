@@ -153,6 +153,9 @@ def test_a_targets_workloads_are_an_arm_of_the_report_named_after_it():
     assert arms["edgeacc@itl-100"] == {"started_s": 120.0, "fingerprint": {"lone": [1]}, "itl_slo_ms": 100.0,
                                        "workloads": {"poisson_8": _result(2.0)}, "same_server_as": "edgeacc"}
     assert "| edgeacc@itl-100 | 2 |" in serving_vs_upstream.ratio_table(arms)
+    said = serving_vs_upstream.outputs_table({"upstream": {"fingerprint": {"lone": [1]}, "started_s": 60.0}, **arms})
+    assert "- edgeacc: greedy outputs equal upstream" in said
+    assert "edgeacc@itl-100: greedy" not in said and "- edgeacc@itl-100: the same servers at other targets" in said
 
 
 def test_a_run_out_of_time_says_which_arms_it_did_not_start_and_fails(tmp_path, capsys):
