@@ -112,7 +112,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         help="Inter-token latency target of decode pacing: while the prefill side has a batch, each "
         "decode step waits as long as its tokens can still come 0.9 of it after the last ones, given how "
         "long recent steps beside a prefill took, and the prefill side has the whole GPU meanwhile "
-        "(--edge-acc-decode-pacing).",
+        "(--edge-acc-decode-pacing). While no prompt waits behind the prefill batch in flight the gap "
+        "aims at 0.9 of 50 ms at most.",
     )
     group.add_argument(
         "--edge-acc-decode-pacing",
@@ -120,7 +121,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         default=EdgeAccFlags.edge_acc_decode_pacing,
         help="on: while the prefill side has a batch, a decode step that has slack against "
         "--edge-acc-itl-slo-ms waits, and the prefill side runs alone in the gap (first token sooner, "
-        "inter-token gaps about 0.9 of the target); off: decode steps always run back to back.",
+        "inter-token gaps up to 0.9 of the target); off: decode steps always run back to back.",
     )
     group.add_argument("--edge-acc-ttft-slo-ms", action=_RetiredFlag, message=RETIRED_TTFT_SLO)
     group.add_argument(

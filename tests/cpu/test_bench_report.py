@@ -197,7 +197,7 @@ def test_the_benchmark_moves_a_running_server_to_another_target_on_an_empty_pref
     try:
         serving_vs_upstream.retarget(server, 100.0)
         (state,) = requests.get(f"{server.url}/get_server_info", timeout=30).json()["internal_states"]
-        assert state["edge_acc"]["decode_pacing"] == {"itl_slo_ms": 100.0, "aimed_gap_ms": 90.0}
+        assert state["edge_acc"]["decode_pacing"] == {"itl_slo_ms": 100.0, "aimed_gap_ms": {"prompts_waiting": 90.0, "none_waiting": 45.0}}
         assert server.generate(prompt, max_new_tokens=2)["meta_info"]["cached_tokens"] == 0
     finally:
         serving_vs_upstream.retarget(server, 50.0)  # the shared server's default, for the tests after this one

@@ -39,6 +39,7 @@ class _RecordingLink:
     full = False
     replies_taken_alone = True
     depth = 1
+    inflight_batches: list = []
 
     def __init__(self, events):
         self._events = events
@@ -221,10 +222,10 @@ class _BusyLink(_RecordingLink):
 
 
 def _paced_side(prefill_busy: bool, reply_before_step: int = 0, request_before_step: int = 0,
-                step_ms=lambda step: 10):
+                step_ms=lambda step: 10, itl_slo_ms: float = 50.0):
     clock = _Clock()
     side = _RecordingDecodeSide(overlap=True, steps=4)
-    side.decode_pacer = DecodePacer(itl_slo_ms=50.0, clock=clock)
+    side.decode_pacer = DecodePacer(itl_slo_ms=itl_slo_ms, clock=clock)
     side.prefill_link = _BusyLink(side.events, clock, side, reply_before_step, request_before_step)
     side.prefill_link.busy = prefill_busy
     # No prompt queues behind the batch in flight: a lone prompt's prefill is paced for too.
@@ -264,6 +265,42 @@ def test_decode_results_are_spaced_while_the_prefill_side_has_a_batch():
     assert [s for what, s in ev if what == "process"] == [1, 2, 3, 4], ev
 
 
+@pytest.mark.parametrize("waiting", ["none", "queued", "second batch in flight", "rest of a chunked prompt"])
+def test_the_gap_widens_to_the_target_only_while_prompts_wait_behind_the_prefill_batch(waiting):
+    side, _ = _paced_side(prefill_busy=True, itl_slo_ms=100.0)
+    if waiting == "queued":
+        side.waiting_queue = [SimpleNamespace()]
+    elif waiting == "second batch in flight":
+        side.prefill_link.inflight_batches = [SimpleNamespace(), SimpleNamespace()]
+    elif waiting == "rest of a chunked prompt":
+        side.chunked_req = SimpleNamespace()
+    side.event_loop_edge_acc_decode()
+    # Prompts waiting: 0.9 of the 100 ms target. None: 0.9 of the calm target (50 ms), as a lone
+    # prompt's prefill gains little from a wider gap and every running request would pay it.
+    expected = 45.0 if waiting == "none" else 90.0
+    assert _gaps_ms(side) == [expected] * 3
+
+
+def test_the_gap_follows_the_queue_from_one_step_to_the_next():
+    side, _ = _paced_side(prefill_busy=True, itl_slo_ms=100.0)
+    ingest = side.ingest_requests
+
+    def ingest_requests():  # a prompt queues before step 3 and is scheduled before step 4
+        side.waiting_queue = [SimpleNamespace()] if side._next == 3 else []
+        ingest()
+
+    side.ingest_requests = ingest_requests
+    side.event_loop_edge_acc_decode()
+    assert _gaps_ms(side) == [45.0, 90.0, 45.0]
+
+
+def test_the_calm_gap_is_never_wider_than_the_target():
+    pacer = DecodePacer(itl_slo_ms=30.0)
+    assert pacer.aim_s(prompts_waiting=True) == pacer.aim_s(prompts_waiting=False) == pytest.approx(0.027)
+    pacer.retarget(100.0)
+    assert (pacer.aim_s(True), pacer.aim_s(False)) == (pytest.approx(0.090), pytest.approx(0.045))
+
+
 def test_a_longer_step_beside_a_prefill_starts_sooner_so_the_gap_stays_at_the_aim():
     # Steps beside a prefill take 10 ms, then 30 ms (say, a larger batch or a heavier prefill beside them).
     side, _ = _paced_side(prefill_busy=True, step_ms=lambda step: 10 if step < 3 else 30)
@@ -290,12 +327,12 @@ def test_the_pacer_predicts_a_step_from_the_longest_recent_one_beside_a_prefill(
     step(0.020)
     step(0.005, beside=False)  # a step alone says nothing of one beside a prefill
     assert pacer.predicted_step_s() == pytest.approx(0.030)
-    assert pacer.next_step(prefill_busy=True).wait_s == pytest.approx(0.045 - 0.030)
-    assert pacer.next_step(prefill_busy=False).wait_s == 0
+    assert pacer.next_step(prefill_busy=True, prompts_waiting=False).wait_s == pytest.approx(0.045 - 0.030)
+    assert pacer.next_step(prefill_busy=False, prompts_waiting=False).wait_s == 0
     step(0.040, decode=False)  # an idle batch's result is no decode result: the wait still counts from the last
-    assert pacer.next_step(prefill_busy=True).wait_s == 0
+    assert pacer.next_step(prefill_busy=True, prompts_waiting=False).wait_s == 0
     pacer.idle()  # no step ran: the next one has nothing to be spaced from
-    assert pacer.next_step(prefill_busy=True).wait_s == 0
+    assert pacer.next_step(prefill_busy=True, prompts_waiting=False).wait_s == 0
     for _ in range(RECENT_STEPS):
         step(0.010)
     assert pacer.predicted_step_s() == pytest.approx(0.010)  # the 30 ms step is out of the window
@@ -307,12 +344,13 @@ def test_a_new_target_aims_the_next_step_and_keeps_what_recent_steps_took():
     pacer.launched()
     clock.now += 0.020
     pacer.result(True, True)  # a 20 ms step beside a prefill
-    assert pacer.next_step(prefill_busy=True).wait_s == pytest.approx(0.045 - 0.020)
+    assert pacer.next_step(prefill_busy=True, prompts_waiting=False).wait_s == pytest.approx(0.045 - 0.020)
     pacer.retarget(100.0)
     assert pacer.aimed_gap_s == pytest.approx(0.090)
-    assert pacer.next_step(prefill_busy=True).wait_s == pytest.approx(0.090 - 0.020)
+    assert pacer.next_step(prefill_busy=True, prompts_waiting=True).wait_s == pytest.approx(0.090 - 0.020)
+    assert pacer.next_step(prefill_busy=True, prompts_waiting=False).wait_s == pytest.approx(0.045 - 0.020)
     pacer.retarget(20.0)  # an aim of 18 ms, below what steps take: none waits (the overlap schedule)
-    assert not pacer.paces(prefill_busy=True) and pacer.next_step(prefill_busy=True).wait_s == 0
+    assert not pacer.paces(prefill_busy=True, prompts_waiting=False) and pacer.next_step(prefill_busy=True, prompts_waiting=False).wait_s == 0
 
 
 def test_requests_whose_first_tokens_went_out_during_a_step_get_their_second_within_the_aim():
@@ -325,12 +363,12 @@ def test_requests_whose_first_tokens_went_out_during_a_step_get_their_second_wit
     pacer.result(decode_step=True, beside_prefill=True)
     # The next step carries those requests too: counted from their first tokens, not from this result,
     # it is already due (latest start 5 + 45 - 30 = 20 ms), where counted from the result it would wait 15.
-    assert pacer.next_step(prefill_busy=True).wait_s == 0
+    assert pacer.next_step(prefill_busy=True, prompts_waiting=False).wait_s == 0
     pacer.launched()
     clock.now = 0.060
     pacer.result(decode_step=True, beside_prefill=True)
     # With them served, the next wait counts from the last result again.
-    assert pacer.next_step(prefill_busy=True).wait_s == pytest.approx(0.060 + 0.045 - 0.030 - 0.060)
+    assert pacer.next_step(prefill_busy=True, prompts_waiting=False).wait_s == pytest.approx(0.060 + 0.045 - 0.030 - 0.060)
 
 
 def test_a_pause_that_drops_a_queued_result_leaves_the_pacer_nothing_to_pair_it_with():

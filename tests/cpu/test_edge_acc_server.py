@@ -325,8 +325,8 @@ def test_server_info_says_edge_acc_is_on_with_its_split_and_both_sides_pids(cpu_
                                  "prefill_sm_percent": None, "decode_sm_percent": None}
     decode_pid, prefill_pid = _side_pid(server, "decode"), _side_pid(server, "prefill")
     assert entry["sides"] == [{"tp_rank": 0, "decode_pid": decode_pid, "prefill_pid": prefill_pid}]
-    # The defaults: beside a prefill, tokens aimed at 0.9 of the 50 ms target apart.
-    assert entry["decode_pacing"] == {"itl_slo_ms": 50.0, "aimed_gap_ms": 45.0}
+    # The defaults: beside a prefill, tokens aimed at 0.9 of the 50 ms target apart, prompts waiting or not.
+    assert entry["decode_pacing"] == {"itl_slo_ms": 50.0, "aimed_gap_ms": _gaps(45.0, 45.0)}
     # The startup log says the same in one INFO line.
     started = [line for line in server.log_tail(10**7).splitlines() if "EdgeAcc on." in line]
     assert len(started) == 1, started
@@ -334,6 +334,10 @@ def test_server_info_says_edge_acc_is_on_with_its_split_and_both_sides_pids(cpu_
         f"[edgeacc decode tp0] EdgeAcc on. SM split: {cpu}. "
         "Beside a prefill, decode steps wait so that tokens come about 45 ms apart (--edge-acc-itl-slo-ms 50). "
         f"tp0: decode side pid {decode_pid} (the scheduler), prefill side pid {prefill_pid}"), started
+
+
+def _gaps(prompts_waiting: float, none_waiting: float) -> dict:
+    return {"prompts_waiting": prompts_waiting, "none_waiting": none_waiting}
 
 
 def _pacing(server) -> dict:
@@ -351,16 +355,16 @@ def test_the_inter_token_target_moves_while_the_server_runs_and_a_refused_one_ch
     server = cpu_servers.get(*SHARED_EDGE_ACC_LAUNCH)
     try:
         assert _set_internal_state(server, edge_acc_itl_slo_ms=80) == [True]
-        assert _pacing(server) == {"itl_slo_ms": 80.0, "aimed_gap_ms": 72.0}
+        assert _pacing(server) == {"itl_slo_ms": 80.0, "aimed_gap_ms": _gaps(72.0, 45.0)}
         assert server.generate("Hello world", max_new_tokens=4)["output_ids"]  # still serving
         said = [line for line in server.log_tail(10**7).splitlines() if "inter-token target" in line]
         assert said[-1].endswith("[edgeacc decode tp0] inter-token target 50 -> 80 ms (/set_internal_state): "
                                  "Beside a prefill, decode steps wait so that tokens come about 72 ms apart "
-                                 "(target 80)"), said
+                                 "while prompts wait for the prefill side, 45 ms while none does (target 80)"), said
         # Not a positive number, or beside a key upstream refuses: nothing changes, and the log says why.
         assert _set_internal_state(server, edge_acc_itl_slo_ms=-5) == [False]
         assert _set_internal_state(server, edge_acc_itl_slo_ms=60, no_such_knob=1) == [False]
-        assert _pacing(server) == {"itl_slo_ms": 80.0, "aimed_gap_ms": 72.0}
+        assert _pacing(server) == {"itl_slo_ms": 80.0, "aimed_gap_ms": _gaps(72.0, 45.0)}
         log = server.log_tail(10**6)
         assert "edge_acc_itl_slo_ms not changed: -5 is not a positive number of milliseconds" in log
         assert "Updating no_such_knob is not supported." in log
@@ -368,7 +372,7 @@ def test_the_inter_token_target_moves_while_the_server_runs_and_a_refused_one_ch
         assert _set_internal_state(server, pp_max_micro_batch_size=0) == [False]
     finally:
         assert _set_internal_state(server, edge_acc_itl_slo_ms=50) == [True]
-    assert _pacing(server) == {"itl_slo_ms": 50.0, "aimed_gap_ms": 45.0}
+    assert _pacing(server) == {"itl_slo_ms": 50.0, "aimed_gap_ms": _gaps(45.0, 45.0)}
 
 
 def test_the_server_runs_every_decode_batch_size_before_it_listens(cpu_servers):

@@ -159,18 +159,21 @@ def test_a_gpu_split_as_server_info_and_the_startup_line_report_it():
     pairs = [{"tp_rank": 0, "decode_pid": 11, "prefill_pid": 12}, {"tp_rank": 1, "decode_pid": 21, "prefill_pid": 22}]
     pacer = DecodePacer(itl_slo_ms=75.0)
     entry = edge_acc_entry("mps", side_split("prefill", 60, "mps"), decode,
-                           pacing_entry(75.0, pacer.aimed_gap_s), pairs, dp_rank=1)
+                           pacing_entry(75.0, pacer), pairs, dp_rank=1)
     assert entry["sm_split"] == {"mode": "mps", "prefill": f"mps, {MPS_PERCENT_VAR}=60",
                                  "decode": f"mps, {MPS_PERCENT_VAR}=100", "prefill_sm_percent": 60,
                                  "decode_sm_percent": 100}
-    # The gap the pacer actually aims at, not the target: 0.9 of it.
-    assert entry["decode_pacing"] == {"itl_slo_ms": 75.0, "aimed_gap_ms": 67.5}
+    # The gaps the pacer actually aims at, not the target: 0.9 of it while prompts wait, 0.9 of the
+    # calm target (50 ms) while none does.
+    assert entry["decode_pacing"] == {"itl_slo_ms": 75.0,
+                                      "aimed_gap_ms": {"prompts_waiting": 67.5, "none_waiting": 45.0}}
     assert startup_line(entry) == (
         f"EdgeAcc on (dp1). SM split: prefill side mps, {MPS_PERCENT_VAR}=60; decode side mps, {MPS_PERCENT_VAR}=100. "
-        "Beside a prefill, decode steps wait so that tokens come about 67.5 ms apart (--edge-acc-itl-slo-ms 75). "
+        "Beside a prefill, decode steps wait so that tokens come about 67.5 ms apart while prompts wait for the "
+        "prefill side, 45 ms while none does (--edge-acc-itl-slo-ms 75). "
         "tp0: decode side pid 11 (the scheduler), prefill side pid 12; "
         "tp1: decode side pid 21 (the scheduler), prefill side pid 22")
     off = edge_acc_entry("mps", side_split("prefill", 60, "mps"), decode,
-                         pacing_entry(50.0, DecodePacer(itl_slo_ms=0.0).aimed_gap_s), pairs[:1], dp_rank=None)
+                         pacing_entry(50.0, DecodePacer(itl_slo_ms=0.0)), pairs[:1], dp_rank=None)
     assert off["decode_pacing"] == {"itl_slo_ms": 50.0, "aimed_gap_ms": None}
     assert "Decode pacing off: decode steps back to back beside a prefill. tp0:" in startup_line(off)

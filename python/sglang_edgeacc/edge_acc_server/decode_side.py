@@ -223,7 +223,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
                               "prefill_pid": link.prefill_pid}, group)
         self._edge_server_info = edge_acc_entry(
             flags.edge_acc_sm_partition, link.split, decode_side_split(flags.edge_acc_sm_partition, device_type),
-            pacing_entry(flags.edge_acc_itl_slo_ms, self.decode_pacer.aimed_gap_s), pairs, link.ranks.dp_rank)
+            pacing_entry(flags.edge_acc_itl_slo_ms, self.decode_pacer), pairs, link.ranks.dp_rank)
         if len(pairs) == 1 or dist.get_rank(group=group) == 0:
             logger.info("%s %s", self._edge_log_prefix(), startup_line(self._edge_server_info))
 
@@ -255,7 +255,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         before = self._edge_server_info.get("decode_pacing", {}).get("itl_slo_ms")
         self.decode_pacer.retarget(itl_slo_ms)
         self.long_gaps.retarget(itl_slo_ms)
-        pacing = pacing_entry(itl_slo_ms, self.decode_pacer.aimed_gap_s)
+        pacing = pacing_entry(itl_slo_ms, self.decode_pacer)
         self._edge_server_info["decode_pacing"] = pacing
         logger.info("%s inter-token target %s -> %g ms (/set_internal_state): %s", self._edge_log_prefix(),
                     "?" if before is None else f"{before:g}", itl_slo_ms, pacing_said(pacing, "target"))
@@ -417,7 +417,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         where this rank steps alone; elsewhere it runs out (the decode forward after it
         brings the ranks together).
         """
-        if not self.decode_pacer.paces(self.prefill_link.busy):
+        if not self.decode_pacer.paces(self.prefill_link.busy, self._edge_prompts_waiting()):
             return True
         # The wait counts from the last step's result, so its tokens go out first. Under the
         # overlap schedule upstream's last_batch is the batch whose result is still queued
@@ -427,13 +427,19 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         self.last_batch = None
         if self._edge_unmerged:
             return False  # a reply taken meanwhile: merged, and the next batch handed over, before this step
-        wait_s = self.decode_pacer.next_step(self.prefill_link.busy).wait_s
+        wait_s = self.decode_pacer.next_step(self.prefill_link.busy, self._edge_prompts_waiting()).wait_s
         if wait_s <= 0:
             return True
         if self._edge_steps_alone:
             return not self.prefill_link.wait_readable(max(1, round(wait_s * 1000)), also=self._edge_wake_sockets)
         time.sleep(wait_s)
         return True
+
+    def _edge_prompts_waiting(self) -> bool:
+        """Whether a prompt waits behind the prefill batch in flight: queued, in a second batch in
+        flight, or the rest of a chunked prompt (the pacer widens the gap for them)."""
+        return bool(self.waiting_queue) or len(self.prefill_link.inflight_batches) > 1 \
+            or self.chunked_req is not None
 
     def _edge_process_decode_result(self, batch, result) -> None:
         beside_prefill = self.prefill_link.busy

@@ -49,9 +49,15 @@ def gather_pairs(own: dict, group) -> list[dict]:
     return sorted(gathered, key=lambda pair: pair["tp_rank"])
 
 
-def pacing_entry(itl_slo_ms: float, aimed_gap_s: float) -> dict:
-    """Decode pacing as in effect: the target it follows and the gap between tokens it aims at (0: off)."""
-    return {"itl_slo_ms": itl_slo_ms, "aimed_gap_ms": round(aimed_gap_s * 1000, 1) if aimed_gap_s > 0 else None}
+def pacing_entry(itl_slo_ms: float, pacer) -> dict:
+    """Decode pacing as in effect: the target it follows and the gaps between tokens it aims at (None: off).
+
+    ``pacer``: the :class:`~sglang_edgeacc.edge_acc_server.decode_pacing.DecodePacer`, retargeted first.
+    """
+    if not pacer.enabled:
+        return {"itl_slo_ms": itl_slo_ms, "aimed_gap_ms": None}
+    return {"itl_slo_ms": itl_slo_ms, "aimed_gap_ms": {"prompts_waiting": round(pacer.aim_s(True) * 1000, 1),
+                                                       "none_waiting": round(pacer.aim_s(False) * 1000, 1)}}
 
 
 def edge_acc_entry(sm_partition: str, prefill: SideSplit, decode: SideSplit, pacing: dict, pairs: list[dict],
@@ -91,10 +97,14 @@ def startup_line(entry: dict) -> str:
 
 def pacing_said(pacing: dict, target_named: str = "--edge-acc-itl-slo-ms") -> str:
     """Decode pacing in words, its target named as ``target_named`` (the flag at start)."""
-    gap = pacing["aimed_gap_ms"]
-    if gap is None:
+    gaps = pacing["aimed_gap_ms"]
+    if gaps is None:
         return "Decode pacing off: decode steps back to back beside a prefill"
     # The gap is what a user trades: wider, the prefill side has more of the GPU and the first
     # token comes sooner.
-    return (f"Beside a prefill, decode steps wait so that tokens come about {gap:g} ms apart "
-            f"({target_named} {pacing['itl_slo_ms']:g})")
+    waiting, none_waiting = gaps["prompts_waiting"], gaps["none_waiting"]
+    if waiting == none_waiting:
+        apart = f"about {waiting:g} ms apart"
+    else:
+        apart = f"about {waiting:g} ms apart while prompts wait for the prefill side, {none_waiting:g} ms while none does"
+    return f"Beside a prefill, decode steps wait so that tokens come {apart} ({target_named} {pacing['itl_slo_ms']:g})"
