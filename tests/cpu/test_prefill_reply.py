@@ -81,4 +81,4 @@ def test_the_decode_side_relays_a_replys_tokens_on_the_device_and_processes_them
     # The pacer knows the first tokens went out: beside a prefill, their requests' next step is due within
     # the aimed 45 ms of them (no step timed yet to start it sooner).
     clock.now = 1.010
-    assert pacer.next_step(prefill_busy=True).wait_s == pytest.approx(0.035)
+    assert pacer.next_step(prefill_busy=True, prompts_waiting=False).wait_s == pytest.approx(0.035)
