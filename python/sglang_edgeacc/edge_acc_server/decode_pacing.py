@@ -15,9 +15,9 @@ The aimed gap follows the load. While prompts wait behind the batch at the prefi
 side (queued, or a second batch in flight, or the rest of a chunked prompt), the
 first token of each of them waits for the whole queue, and every share of the GPU
 given to the prefill side shortens all of those waits: the gap aims at 0.9 of the
-target. While none waits, a wider gap speeds only the batch in flight, a few percent
-of its first token, and every running request pays it in full: the gap aims at 0.9
-of the calm target (``CALM_TARGET_MS``) or of the target where that is smaller.
+target. While none waits, a wider gap speeds only the batch in flight, and every
+running request pays it in full: the gap aims at 0.9 of the calm target
+(``CALM_TARGET_MS``) or of the target where that is smaller.
 
 The gap a client sees is between two of its tokens: two decode results, or a
 prefill reply's first token and the decode step after it. Spacing the launches
