@@ -37,7 +37,7 @@ from typing import Callable, Optional
 # longest of the recent ones stays inside the target.
 TARGET_SHARE = 0.9
 # The target the gap follows while no prompt waits behind the prefill batch in flight (20 tokens a
-# second): a wider one would buy that batch little (above) and cost every running request.
+# second): a wider one would speed only that batch, and every running request would pay it.
 CALM_TARGET_MS = 50.0
 # How many steps beside a prefill the prediction of the next one's time looks back on.
 RECENT_STEPS = 8
