@@ -275,8 +275,7 @@ def test_the_gap_widens_to_the_target_only_while_prompts_wait_behind_the_prefill
     elif waiting == "rest of a chunked prompt":
         side.chunked_req = SimpleNamespace()
     side.event_loop_edge_acc_decode()
-    # Prompts waiting: 0.9 of the 100 ms target. None: 0.9 of the calm target (50 ms), as a lone
-    # prompt's prefill gains little from a wider gap and every running request would pay it.
+    # Prompts waiting: 0.9 of the 100 ms target. None: 0.9 of the calm target (50 ms).
     expected = 45.0 if waiting == "none" else 90.0
     assert _gaps_ms(side) == [expected] * 3
 

@@ -212,15 +212,15 @@ One row per module of ``PATCH_MODULES`` (a test checks that every row exists).
   Triton's default, whether each is 16-byte aligned); a batch whose inputs specialize it anew
   compiles a kernel (``ptxas``) inside the decode step's launch. On an H100 the kernel compiled on
   its first call (1.6 s) and again, 154 ms, for sources one element off alignment; with the patch
-  no call compiled (``tests/gpu/test_graph_input_copy_gpu.py``). Seen on an H100 in the decode loop's stack during a gap: 118 ms without a
-  decode result at 16 running requests, a batch size the warm-up had run, every running request's
-  worst gap (a stop of 172 ms at 16 in an earlier run, in the same part of the loop, is most likely
-  the same; its stack was not taken); plain sglang takes the same path. How: the replacement declines
-  every copy, so the callers take their own fallback, torch's foreach copy grouped by dtype pair
-  (no kernel compiled at run time; a launch or two more per step). With it, the serving benchmark's
-  4 requests/s workload, where the stall had struck, ran on an H100 with no gap over 60 ms at
-  the default target. Removable when upstream's small
-  copy no longer specializes on pointer alignment, or compiles its variants at start.
+  no call compiled (``tests/gpu/test_graph_input_copy_gpu.py``). Seen on an H100 in the decode
+  loop's stack during a gap: 118 ms without a decode result at 16 running requests, a batch size
+  the warm-up had run, every running request's worst gap (a stop of 172 ms at 16 in an earlier run,
+  in the same part of the loop, is most likely the same; its stack was not taken); plain sglang
+  takes the same path. How: the replacement declines every copy, so the callers take their own
+  fallback, torch's foreach copy grouped by dtype pair (no kernel compiled at run time; a launch or
+  two more per step). With it, the serving benchmark's 4 requests/s workload, where the stall had
+  struck, ran on an H100 with no gap over 60 ms at the default target. Removable when upstream's
+  small copy no longer specializes on pointer alignment, or compiles its variants at start.
 """
 
 from __future__ import annotations
