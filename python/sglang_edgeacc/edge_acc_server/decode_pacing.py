@@ -19,17 +19,6 @@ target. While none waits, a wider gap speeds only the batch in flight, and every
 running request pays it in full: the gap aims at 0.9 of the calm target
 (``CALM_TARGET_MS``) or of the target where that is smaller.
 
-The first gap of a request runs from its first token, which goes out as soon as
-its prefill reply is taken, to the first decode step launched after that. Under
-the overlap schedule the next step is launched before the last one's result is
-processed, so a reply taken while that result is read waits for the step already
-launched and then its own: up to three steps, where a step beside a prefill takes
-40-60 ms. So beside a prefill every step's result is processed before the next
-step is launched (``drains_before_launch``), whether or not the step waits; the
-first gap is then the rest of one step and one more. What decode gives up, its
-host work no longer hidden behind the device, is GPU time the prefill side runs
-alone in.
-
 The gap a client sees is between two of its tokens: two decode results, or a
 prefill reply's first token and the decode step after it. Spacing the launches
 instead would let a gap grow by however much longer a step beside a prefill takes
@@ -97,16 +86,12 @@ class DecodePacer:
     def aim_s(self, prompts_waiting: bool) -> float:
         return self.aimed_gap_s if prompts_waiting else self.calm_gap_s
 
-    def drains_before_launch(self, prefill_busy: bool) -> bool:
-        """Whether the last step's result is processed before the next step is launched: beside a prefill.
-
-        Also where no step waits (steps take the whole aimed gap), so that a reply taken while
-        the last step finishes is served by the next one (see the module's docstring).
-        """
-        return self.enabled and prefill_busy
-
     def paces(self, prefill_busy: bool, prompts_waiting: bool) -> bool:
-        """Whether the next step may wait: while the prefill side has a batch, if steps leave slack."""
+        """Whether the next step may wait: while the prefill side has a batch, if steps leave slack.
+
+        Where steps beside a prefill take the whole aimed gap, none waits, and the loop keeps
+        the next step's launch ahead of the last one's result (the overlap schedule).
+        """
         return self.enabled and prefill_busy and self.predicted_step_s() < self.aim_s(prompts_waiting)
 
     def predicted_step_s(self) -> float:

@@ -409,20 +409,19 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         return tuple(socket for socket in candidates if isinstance(socket, zmq.Socket))
 
     def _edge_pace(self) -> bool:
-        """While the prefill side has a batch: the last step's result first, then the wait (``decode_pacing``).
+        """Wait before the next decode step while the prefill side has a batch (``decode_pacing``).
 
-        Returns False when a prefill reply (taken while the last step finished) or a new
-        request ended the wait, so the loop takes the reply or admits the request and hands
-        over the next batch before this step (the wait goes on after it, from the same last
-        step). A wait ends early only where this rank steps alone; elsewhere it runs out
-        (the decode forward after it brings the ranks together).
+        Returns False when a prefill reply or a new request ended the wait, so the loop
+        takes the reply or admits the request and hands over the next batch before this
+        step (the wait goes on after it, from the same last step). A wait ends early only
+        where this rank steps alone; elsewhere it runs out (the decode forward after it
+        brings the ranks together).
         """
-        if not self.decode_pacer.drains_before_launch(self.prefill_link.busy):
+        if not self.decode_pacer.paces(self.prefill_link.busy, self._edge_prompts_waiting()):
             return True
-        # The wait counts from the last step's result, so its tokens go out first; and where no
-        # step waits, the step after a reply still serves its requests (DecodePacer says why).
-        # Under the overlap schedule upstream's last_batch is the batch whose result is still
-        # queued (a retracting pause takes it from the queue): with its result out, there is none.
+        # The wait counts from the last step's result, so its tokens go out first. Under the
+        # overlap schedule upstream's last_batch is the batch whose result is still queued
+        # (a retracting pause takes it from the queue): with its result out, there is none.
         while self.result_queue:
             self._edge_process_decode_result(*self.result_queue.popleft())
         self.last_batch = None
