@@ -19,6 +19,9 @@ arm. ``--cold`` leaves the warm-up out.
 
     python3 -m benchmarks.serving_vs_upstream --report a.json b.json   # merge runs, print the ratio table
 
+An arm ``BASE+LABEL`` runs arm BASE's flags on another build of the plugin, exported by
+``scripts/gpu-host/ab-source.sh REV LABEL``: a change and the build before it on one machine, in one call.
+
 ``--gpu-share`` starts every arm with ``--enable-metrics`` and reads ``/metrics`` around each
 workload: on every arm upstream's first-token stages (received, queued, forward), and on EdgeAcc
 arms the decode side's work counters (the prefill side's achieved TFLOP/s, the decode side's GB/s
@@ -72,6 +75,48 @@ ARMS: dict[str, tuple[tuple[str, ...], bool]] = {
     "edgeacc-itl-100": (("--enable-edge-acc", "--edge-acc-itl-slo-ms", "100"), True),
     "edgeacc-itl-75": (("--enable-edge-acc", "--edge-acc-itl-slo-ms", "75"), True),
 }
+
+# An arm may run another build of the plugin: BASE+LABEL is arm BASE with the package exported under
+# .ab/LABEL/python (scripts/gpu-host/ab-source.sh REV LABEL) first on its server's PYTHONPATH, so that two builds
+# meet on one machine in one device call instead of across machines.
+AB_ROOT = ROOT / ".ab"
+
+
+def arm_base(arm: str) -> str:
+    return arm.partition("+")[0]
+
+
+def arm_source(arm: str) -> pathlib.Path | None:
+    """The exported package an arm's server imports the plugin from (None: this checkout's)."""
+    label = arm.partition("+")[2]
+    return AB_ROOT / label / "python" if label else None
+
+
+def arm_problem(arm: str) -> str | None:
+    """Why ``arm`` cannot run (None: it can)."""
+    if arm_base(arm) not in ARMS:
+        return f"{arm}: no arm {arm_base(arm)!r} (known: {', '.join(sorted(ARMS))}; BASE+LABEL runs another build)"
+    source = arm_source(arm)
+    if source is not None and not (source / "sglang_edgeacc" / "__init__.py").is_file():
+        return (f"{arm}: no package under {source.relative_to(ROOT)}; export it first: "
+                f"scripts/gpu-host/ab-source.sh REV {arm.partition('+')[2]}")
+    return None
+
+
+def arm_env(arm: str) -> dict[str, str]:
+    """What an arm's server adds to its environment for its build (nothing for this checkout's)."""
+    source = arm_source(arm)
+    if source is None:
+        return {}
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(source), os.environ.get("PYTHONPATH")) if p)}
+
+
+def arm_revision(arm: str) -> str | None:
+    source = arm_source(arm)
+    if source is None:
+        return None
+    stamp = source.parent / "REVISION"
+    return stamp.read_text().strip() if stamp.is_file() else "unknown"
 
 
 @dataclass(frozen=True)
@@ -389,14 +434,14 @@ def warm_batch_sizes(server: SglangServer, batch: int, vocab: int) -> list[int]:
 
 
 def is_edge_acc(arm: str) -> bool:
-    return "--enable-edge-acc" in ARMS[arm][0]
+    return "--enable-edge-acc" in ARMS[arm_base(arm)][0]
 
 
 def launch_target_ms(arm: str) -> float:
     """The inter-token target an EdgeAcc arm starts with: its flag, or the default."""
     from sglang_edgeacc.flags import EdgeAccFlags
 
-    flags = ARMS[arm][0]
+    flags = ARMS[arm_base(arm)][0]
     if "--edge-acc-itl-slo-ms" in flags:
         return float(flags[flags.index("--edge-acc-itl-slo-ms") + 1])
     return EdgeAccFlags.edge_acc_itl_slo_ms
@@ -444,18 +489,20 @@ def run_arm(arm: str, platform: str, model: str, dummy: bool, workloads: dict[st
     """
     from tests.gpu.server_suite import fingerprint
 
-    flags, uses_mps = ARMS[arm]
+    flags, uses_mps = ARMS[arm_base(arm)]
     if counters:
         # On every arm, so that what metrics cost is the same on both sides of a ratio.
         flags = (*flags, "--enable-metrics")
     common = COMMON_ARGS if platform == "cuda" else ()
-    env = {}
+    env = arm_env(arm)
     if uses_mps and platform == "cuda" and os.environ.get("EDGEACC_SUITE_MPS_PIPE"):
-        env = {"CUDA_MPS_PIPE_DIRECTORY": os.environ["EDGEACC_SUITE_MPS_PIPE"],
-               "CUDA_MPS_LOG_DIRECTORY": os.environ.get("EDGEACC_SUITE_MPS_LOG", os.environ["EDGEACC_SUITE_MPS_PIPE"])}
+        env.update(CUDA_MPS_PIPE_DIRECTORY=os.environ["EDGEACC_SUITE_MPS_PIPE"],
+                   CUDA_MPS_LOG_DIRECTORY=os.environ.get("EDGEACC_SUITE_MPS_LOG", os.environ["EDGEACC_SUITE_MPS_PIPE"]))
     server = SglangServer(args=(*common, *layout, *flags), model_path=model, platform=platform, dummy_weights=dummy,
                           env=env, startup_timeout_s=420)
     entry: dict = {"flags": [*common, *layout, *flags]}
+    if arm_source(arm) is not None:
+        entry["build"] = {"source": str(arm_source(arm).relative_to(ROOT)), "revision": arm_revision(arm)}
     try:
         server.start()
         entry["started_s"] = round(server.started_s, 1)
@@ -634,7 +681,9 @@ def report_from_arms(arms: dict) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arms", default="upstream,edgeacc")
+    parser.add_argument("--arms", default="upstream,edgeacc",
+                        help=f"comma-separated, of {', '.join(ARMS)}; BASE+LABEL: arm BASE on the build that "
+                             "scripts/gpu-host/ab-source.sh REV LABEL exported")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--shape", choices=sorted(serving_models.QWEN3_SHAPES), default="8b",
                         help="the Qwen3 shape served with dummy weights (32b: the reference deployment's model)")
@@ -664,9 +713,9 @@ def main(argv=None) -> int:
     if args.report:
         print(report(args.report))
         return 0
-    unknown = [a for a in args.arms.split(",") if a not in ARMS]
-    if unknown:
-        parser.error(f"unknown arms {unknown}; known: {sorted(ARMS)}")
+    problems = [p for p in map(arm_problem, args.arms.split(",")) if p]
+    if problems:
+        parser.error("; ".join(problems))
     table = DRY_WORKLOADS if args.dry_run else WORKLOADS
     workloads = {w: table[w] for w in args.workloads.split(",") if w}
     workdir = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="edgeacc-bench-"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import requests
 
@@ -201,3 +202,43 @@ def test_the_benchmark_moves_a_running_server_to_another_target_on_an_empty_pref
         assert server.generate(prompt, max_new_tokens=2)["meta_info"]["cached_tokens"] == 0
     finally:
         serving_vs_upstream.retarget(server, 50.0)  # the shared server's default, for the tests after this one
+
+
+def test_an_arm_of_another_build_runs_that_build_and_says_which(tmp_path):
+    import pathlib
+    import shutil
+    import subprocess
+    import sys
+
+    root = serving_vs_upstream.ROOT
+    label = f"test-{os.getpid()}"
+    arm = f"edgeacc+{label}"
+    # Not exported yet: refused before any server starts, naming the script that exports it.
+    assert f"ab-source.sh REV {label}" in serving_vs_upstream.arm_problem(arm)
+    assert "no arm 'edgeac'" in serving_vs_upstream.arm_problem("edgeac+x")
+    export = subprocess.run([str(root / "scripts/gpu-host/ab-source.sh"), "HEAD", label], capture_output=True,
+                            text=True, timeout=120)
+    try:
+        assert export.returncode == 0, export.stderr
+        assert serving_vs_upstream.arm_problem(arm) is None
+        assert serving_vs_upstream.is_edge_acc(arm) and serving_vs_upstream.launch_target_ms(arm) == 50.0
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+        assert serving_vs_upstream.arm_revision(arm) == head.strip()
+        where = {}
+        for name in ("edgeacc", arm):  # a real interpreter with the environment the arm's server gets
+            env = {**os.environ, **serving_vs_upstream.arm_env(name)}
+            probe = subprocess.run([sys.executable, "-c", "import sglang_edgeacc; print(sglang_edgeacc.__file__)"],
+                                   env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+            where[name] = pathlib.Path(probe.stdout.strip())
+        assert where[arm].is_relative_to(root / ".ab" / label), where
+        assert not where["edgeacc"].is_relative_to(root / ".ab"), where
+    finally:
+        shutil.rmtree(root / ".ab" / label, ignore_errors=True)
+
+
+def test_an_arm_of_an_unknown_build_is_refused_at_the_command_line(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        serving_vs_upstream.main(["--arms", "upstream,edgeacc+never-exported", "--platform", "cpu", "--dry-run"])
+    assert "scripts/gpu-host/ab-source.sh REV never-exported" in capsys.readouterr().err

@@ -7,7 +7,8 @@
 #   suite[:FAMILIES]              tests.gpu.server_suite (FAMILIES comma-separated, default all); SUITE_ARMS=a,b
 #                                 runs only those arms beside plain; SUITE_ONE_AT_A_TIME=1 starts each server once
 #                                 the one before is healthy and reports what each wrote to a shared inductor cache
-#   bench:ARMS[:WORKLOADS]        benchmarks.serving_vs_upstream, ARMS/WORKLOADS comma-separated;
+#   bench:ARMS[:WORKLOADS]        benchmarks.serving_vs_upstream, ARMS/WORKLOADS comma-separated; an arm
+#                                 BASE+LABEL runs the build scripts/gpu-host/ab-source.sh exported to .ab/LABEL;
 #                                 BENCH_LAYOUT="--tp 2" (say) adds a layout to every arm; BENCH_GPU_SHARE=1 adds
 #                                 --gpu-share (each EdgeAcc side's TFLOP/s and GB/s from its work counters);
 #                                 BENCH_SHAPE=32b serves Qwen3-32B's shape instead of Qwen3-8B's; BENCH_COLD=1
