@@ -111,6 +111,16 @@ def arm_env(arm: str) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(p for p in (str(source), os.environ.get("PYTHONPATH")) if p)}
 
 
+def plugin_imported_from(arm: str) -> pathlib.Path:
+    """Where a Python started with the arm's server environment imports the plugin from."""
+    probe = subprocess.run([sys.executable, "-c", "import sglang_edgeacc; print(sglang_edgeacc.__file__)"],
+                           env={**os.environ, **arm_env(arm)}, capture_output=True, text=True, timeout=120,
+                           cwd=tempfile.gettempdir())
+    if probe.returncode != 0:
+        raise RuntimeError(f"{arm}: the plugin does not import in its server's environment:\n{probe.stderr[-2000:]}")
+    return pathlib.Path(probe.stdout.strip()).resolve()
+
+
 def arm_revision(arm: str) -> str | None:
     source = arm_source(arm)
     if source is None:
@@ -504,9 +514,15 @@ def run_arm(arm: str, platform: str, model: str, dummy: bool, workloads: dict[st
     server = SglangServer(args=(*common, *layout, *flags), model_path=model, platform=platform, dummy_weights=dummy,
                           env=env, startup_timeout_s=420)
     entry: dict = {"flags": [*common, *layout, *flags]}
-    if arm_source(arm) is not None:
-        entry["build"] = {"source": str(arm_source(arm).relative_to(ROOT)), "revision": arm_revision(arm)}
     try:
+        if arm_source(arm) is not None:
+            # Checked before the start, so that a result is never filed under a build its server did not run.
+            imported = plugin_imported_from(arm)
+            entry["build"] = {"source": str(arm_source(arm).relative_to(ROOT)), "revision": arm_revision(arm),
+                              "imported_from": str(imported)}
+            if not imported.is_relative_to(arm_source(arm).resolve()):
+                raise RuntimeError(f"{arm}: its server would import the plugin from {imported}, not from "
+                                   f"{arm_source(arm)} (is something put before it on PYTHONPATH?)")
         server.start()
         entry["started_s"] = round(server.started_s, 1)
         print(f"[bench] {arm}: healthy after {server.started_s:.0f} s", flush=True)

@@ -204,11 +204,9 @@ def test_the_benchmark_moves_a_running_server_to_another_target_on_an_empty_pref
         serving_vs_upstream.retarget(server, 50.0)  # the shared server's default, for the tests after this one
 
 
-def test_an_arm_of_another_build_runs_that_build_and_says_which(tmp_path):
-    import pathlib
+def test_an_arm_of_another_build_runs_that_build_and_says_which(tmp_path, monkeypatch):
     import shutil
     import subprocess
-    import sys
 
     root = serving_vs_upstream.ROOT
     label = f"test-{os.getpid()}"
@@ -224,14 +222,15 @@ def test_an_arm_of_another_build_runs_that_build_and_says_which(tmp_path):
         assert serving_vs_upstream.is_edge_acc(arm) and serving_vs_upstream.launch_target_ms(arm) == 50.0
         head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
         assert serving_vs_upstream.arm_revision(arm) == head.strip()
-        where = {}
-        for name in ("edgeacc", arm):  # a real interpreter with the environment the arm's server gets
-            env = {**os.environ, **serving_vs_upstream.arm_env(name)}
-            probe = subprocess.run([sys.executable, "-c", "import sglang_edgeacc; print(sglang_edgeacc.__file__)"],
-                                   env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
-            where[name] = pathlib.Path(probe.stdout.strip())
-        assert where[arm].is_relative_to(root / ".ab" / label), where
-        assert not where["edgeacc"].is_relative_to(root / ".ab"), where
+        # A real interpreter with the environment each arm's server gets.
+        where = {name: serving_vs_upstream.plugin_imported_from(name) for name in ("edgeacc", arm)}
+        assert where[arm].is_relative_to((root / ".ab" / label).resolve()), where
+        assert not where["edgeacc"].is_relative_to((root / ".ab").resolve()), where
+        # Where something comes before the export on PYTHONPATH the arm is refused before any server starts.
+        monkeypatch.setattr(serving_vs_upstream, "arm_env", lambda name: {})
+        entry = serving_vs_upstream.run_arm(arm, "cpu", "unused", True, {}, tmp_path, 500)
+        assert "would import the plugin from" in entry["error"] and "started_s" not in entry, entry
+        assert entry["build"]["revision"] == head.strip(), entry
     finally:
         shutil.rmtree(root / ".ab" / label, ignore_errors=True)
 
