@@ -86,10 +86,14 @@ def arm_base(arm: str) -> str:
     return arm.partition("+")[0]
 
 
+def arm_label(arm: str) -> str:
+    """The exported build an arm runs ("": this checkout's)."""
+    return arm.partition("+")[2]
+
+
 def arm_source(arm: str) -> pathlib.Path | None:
     """The exported package an arm's server imports the plugin from (None: this checkout's)."""
-    label = arm.partition("+")[2]
-    return AB_ROOT / label / "python" if label else None
+    return AB_ROOT / arm_label(arm) / "python" if arm_label(arm) else None
 
 
 def arm_problem(arm: str) -> str | None:
@@ -99,7 +103,7 @@ def arm_problem(arm: str) -> str | None:
     source = arm_source(arm)
     if source is not None and not (source / "sglang_edgeacc" / "__init__.py").is_file():
         return (f"{arm}: no package under {source.relative_to(ROOT)}; export it first: "
-                f"scripts/gpu-host/ab-source.sh REV {arm.partition('+')[2]}")
+                f"scripts/gpu-host/ab-source.sh REV {arm_label(arm)}")
     return None
 
 
