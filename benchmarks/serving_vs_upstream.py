@@ -21,6 +21,9 @@ arm. ``--cold`` leaves the warm-up out.
 
 An arm ``BASE+LABEL`` runs arm BASE's flags on another build of the plugin, exported by
 ``scripts/gpu-host/ab-source.sh REV LABEL``: a change and the build before it on one machine, in one call.
+Every arm gets the same requests (one seed per workload), so the report also compares each arm with the
+run's first arm request by request (``benchmarks/paired.py``: the share of requests whose first token came
+earlier, the mean difference, the median's ratio with its spread over resampled request sets).
 
 ``--gpu-share`` starts every arm with ``--enable-metrics`` and reads ``/metrics`` around each
 workload: on every arm upstream's first-token stages (received, queued, forward), and on EdgeAcc
@@ -48,7 +51,7 @@ from dataclasses import dataclass
 
 import requests
 
-from benchmarks import gpu_share
+from benchmarks import gpu_share, paired
 from benchmarks.client_gc import ClientPauses
 from sglang_edgeacc.server_start.decode_warmup import warmup_input
 from tests import serving_models
@@ -291,6 +294,7 @@ def run_workloads(server: SglangServer, model: str, workloads: dict[str, Workloa
         gaps = [g for itls in result.get("itls") or [] for g in (itls or [])]
         picked["max_itl_ms"] = max(gaps) * 1000 if gaps else None
         picked.update(slo_attainment(result))
+        picked.update(paired.request_details(result))
         picked["errors"] = sum(1 for e in result.get("errors") or [] if e)
         gc_file = pathlib.Path(files[name] + ".client_gc.json")
         if gc_file.exists():
@@ -698,8 +702,9 @@ def report(paths: list[str]) -> str:
 def report_from_arms(arms: dict) -> str:
     extra = [t for t in (gpu_share.share_table(arms), gpu_share.latency_table(arms), client_pause_notes(arms)) if t]
     curves = attainment_curves(arms)
-    return "\n\n".join([ratio_table(arms), slo_table(arms), *([curves] if curves else []), outputs_table(arms),
-                        *extra])
+    pairs = paired.paired_table(arms)
+    return "\n\n".join([ratio_table(arms), slo_table(arms), *([pairs] if pairs else []), *([curves] if curves else []),
+                        outputs_table(arms), *extra])
 
 
 def main(argv=None) -> int:

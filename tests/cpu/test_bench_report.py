@@ -241,3 +241,44 @@ def test_an_arm_of_an_unknown_build_is_refused_at_the_command_line(capsys):
     with pytest.raises(SystemExit):
         serving_vs_upstream.main(["--arms", "upstream,edgeacc+never-exported", "--platform", "cpu", "--dry-run"])
     assert "scripts/gpu-host/ab-source.sh REV never-exported" in capsys.readouterr().err
+
+
+def test_two_arms_on_the_same_requests_are_compared_request_by_request():
+    from benchmarks import paired
+
+    got = paired.paired_first_tokens([100.0, 100.0, 100.0, 100.0], [90.0, 95.0, 110.0, 90.0])
+    assert got.requests == 4 and got.earlier_share == 0.75
+    assert got.mean_diff_ms == -3.75 and got.median_ratio == 0.925
+    assert got.median_ratio_low <= 0.925 <= got.median_ratio_high
+    # The same shift on every request: every resampled set gives the same ratio.
+    even = paired.paired_first_tokens([80.0, 100.0, 120.0], [72.0, 90.0, 108.0])
+    assert even.median_ratio_low == even.median_ratio == even.median_ratio_high == 0.9
+    # A request that failed in either arm (no first token) is left out of the pairs.
+    assert paired.paired_first_tokens([100.0, 0.0], [90.0, 50.0]).requests == 1
+    assert paired.paired_first_tokens([100.0], [90.0, 80.0]) is None
+
+
+def test_the_report_pairs_each_arm_with_the_first_only_where_their_requests_match():
+    from benchmarks import paired
+
+    def run(ttfts, lens):
+        return {**_result(8000), "ttfts_ms": ttfts, "input_lens": lens}
+
+    arms = {"edgeacc+base": {"workloads": {"poisson_4": run([100.0, 120.0], [1024, 2048])}},
+            "edgeacc": {"workloads": {"poisson_4": run([90.0, 110.0], [1024, 2048])}},
+            "edgeacc+old": {"workloads": {"poisson_4": run([80.0, 100.0], [2048, 1024])}}}
+    table = paired.paired_table(arms)
+    assert "| poisson_4 | edgeacc | edgeacc+base | 2 | 100% | -10.0 |" in table
+    assert "poisson_4: edgeacc+old and edgeacc+base were not given the same requests" in table
+    assert "| poisson_4 | edgeacc+old |" not in table
+    assert table in serving_vs_upstream.report_from_arms(arms)
+    # Without per-request results (runs recorded before them) there is nothing to pair.
+    assert paired.paired_table({"a": {"workloads": {"w": _result(1)}}, "b": {"workloads": {"w": _result(1)}}}) == ""
+
+
+def test_each_requests_first_token_is_kept_from_bench_servings_details():
+    from benchmarks import paired
+
+    details = {"ttfts": [0.0734, 0.0], "input_lens": [2048, 1024], "itls": [[0.01], []]}
+    assert paired.request_details(details) == {"ttfts_ms": [73.4, 0.0], "input_lens": [2048, 1024]}
+    assert paired.request_details({}) == {}
