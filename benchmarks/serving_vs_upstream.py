@@ -779,12 +779,7 @@ def main(argv=None) -> int:
                           on_measured=lambda entry, arm=arm: save(arm, entry), warm_up=not args.cold,
                           itl_targets=itl_targets))
         start_s = max(start_s, results["arms"][arm].get("started_s") or 0.0)  # the slowest start seen is the guess
-    print(ratio_table(results["arms"]))
-    print(slo_table(results["arms"]))
-    print(attainment_curves(results["arms"]))
-    print(outputs_table(results["arms"]))
-    print(gpu_share.share_table(results["arms"]))
-    print(gpu_share.latency_table(results["arms"]))
+    print(report_from_arms(results["arms"]))
     return 0 if all("error" not in e and "not_started" not in e for e in results["arms"].values()) else 1
 
 

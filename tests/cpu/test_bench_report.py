@@ -167,7 +167,9 @@ def test_a_run_out_of_time_says_which_arms_it_did_not_start_and_fails(tmp_path, 
     assert code == 1
     arms = json.loads(out.read_text())["arms"]
     assert set(arms) == {"upstream", "edgeacc"} and all("not_started" in entry for entry in arms.values())
-    assert "[bench] upstream: not started: 5 s left" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "[bench] upstream: not started: 5 s left" in said
+    assert said.rstrip().endswith(serving_vs_upstream.report_from_arms(arms).rstrip())  # the run ends with its report
 
 
 def test_the_warm_up_runs_its_requests_together_through_every_batch_size(cpu_servers):
