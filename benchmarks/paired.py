@@ -76,11 +76,12 @@ def paired_table(arms: dict) -> str:
             continue
         (control_arm, control), others = measured[0], measured[1:]
         for arm, result in others:
-            paired = None
-            if result.get("input_lens") == control.get("input_lens"):
-                paired = paired_first_tokens(control["ttfts_ms"], result["ttfts_ms"])
-            if paired is None:
+            if result.get("input_lens") != control.get("input_lens"):
                 unpaired.append(f"- {workload}: {arm} and {control_arm} were not given the same requests")
+                continue
+            paired = paired_first_tokens(control["ttfts_ms"], result["ttfts_ms"])
+            if paired is None:
+                unpaired.append(f"- {workload}: no request had a first token from both {arm} and {control_arm}")
                 continue
             rows.append(f"| {workload} | {arm} | {control_arm} | {paired.requests} | {paired.earlier_share:.0%} "
                         f"| {paired.mean_diff_ms:+.1f} | {paired.median_ratio:.3f} "

@@ -273,6 +273,8 @@ def test_the_report_pairs_each_arm_with_the_first_only_where_their_requests_matc
     assert "| poisson_4 | edgeacc | edgeacc+base | 2 | 100% | -10.0 |" in table
     assert "poisson_4: edgeacc+old and edgeacc+base were not given the same requests" in table
     assert "| poisson_4 | edgeacc+old |" not in table
+    failed = {"a": {"workloads": {"w": run([30.0], [8])}}, "b": {"workloads": {"w": run([0.0], [8])}}}
+    assert paired.paired_table(failed) == "- w: no request had a first token from both b and a"
     assert table in serving_vs_upstream.report_from_arms(arms)
     # Without per-request results (runs recorded before them) there is nothing to pair.
     assert paired.paired_table({"a": {"workloads": {"w": _result(1)}}, "b": {"workloads": {"w": _result(1)}}}) == ""
