@@ -98,12 +98,6 @@ class EdgeAccStats:
                 "sglang_edgeacc_decode_context_tokens",
                 "Tokens of KV cache the timed decode steps attended to.", names + ["beside_prefill"],
             ),
-            "early_reads": Counter(
-                "sglang_edgeacc_early_result_reads",
-                "Decode results read before the next launch where steps leave no slack, because a prefill "
-                "reply was due while the step ran; reply: whether it came while the result was read.",
-                names + ["reply"],
-            ),
             "sm_percent": Gauge(
                 "sglang_edgeacc_sm_percent", "Configured SM share of each side.", names + ["side"],
                 multiprocess_mode="mostrecent",
@@ -147,11 +141,6 @@ class EdgeAccStats:
         seconds.inc(step.seconds)
         in_step.inc(requests)
         context.inc(context_tokens)
-
-    def record_early_read(self, reply_taken: bool) -> None:
-        """A step's result read before the next launch for a reply due during it; whether the reply came."""
-        if self._prometheus:
-            self._prometheus["early_reads"].labels(**self._labels, reply="taken" if reply_taken else "not_yet").inc()
 
     def record_message(self, nbytes: int) -> None:
         self.last_message_bytes = nbytes
