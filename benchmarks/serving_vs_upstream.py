@@ -294,6 +294,7 @@ def run_workloads(server: SglangServer, model: str, workloads: dict[str, Workloa
         gaps = [g for itls in result.get("itls") or [] for g in (itls or [])]
         picked["max_itl_ms"] = max(gaps) * 1000 if gaps else None
         picked.update(slo_attainment(result))
+        picked.update(gap_split(result))
         picked.update(paired.request_details(result))
         picked["errors"] = sum(1 for e in result.get("errors") or [] if e)
         gc_file = pathlib.Path(files[name] + ".client_gc.json")
@@ -309,6 +310,11 @@ def run_workloads(server: SglangServer, model: str, workloads: dict[str, Workloa
         results[name] = picked
     print(f"[bench] workloads took {time.monotonic() - started:.0f} s", flush=True)
     return results
+
+
+def _percentile(values: list[float], share: float) -> float | None:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))] if ordered else None
 
 
 def slo_attainment(result: dict) -> dict:
@@ -331,10 +337,39 @@ def slo_attainment(result: dict) -> dict:
             continue  # a failed request has no first token
         met += ttft_ms <= max(1000.0, float(prompt_len))
         tight += ttft_ms <= TIGHT_TTFT_MS
-    ordered = sorted(t for t in ttfts if t > 0)
-    p90 = ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))] * 1000 if ordered else None
+    p90 = _percentile([t * 1000 for t in ttfts if t > 0], 0.9)
     return {"p90_ttft_ms": p90, "slo_attainment": met / len(ttfts), "tight_slo_attainment": tight / len(ttfts),
             "gap_over_slo_requests": over, "gap_over_slo_first_only": first_only}
+
+
+def gap_split(result: dict) -> dict:
+    """Each request's first gap (its first token to its second) apart from every gap after it, in ms.
+
+    The two have different causes: a first gap is how soon a new request joins a decode step, the later
+    ones are the steps' spacing. A change to one can move the other the opposite way, which a P99 over
+    every gap hides.
+    """
+    itls = [gaps for gaps in result.get("itls") or [] if gaps]
+    if not itls:
+        return {}
+    first = [gaps[0] * 1000 for gaps in itls]
+    later = [g * 1000 for gaps in itls for g in gaps[1:]]
+    return {"first_gap_p50_ms": _percentile(first, 0.5), "first_gap_p90_ms": _percentile(first, 0.9),
+            "first_gap_max_ms": max(first), "later_gap_p99_ms": _percentile(later, 0.99)}
+
+
+def gap_table(arms: dict) -> str:
+    """Per workload and arm: the first gaps and the later gaps apart (empty where no result has them)."""
+    lines = ["| workload | arm | first gap p50 ms | first gap p90 ms | first gap max ms | later gaps p99 ms |",
+             "|---|---|---:|---:|---:|---:|"]
+    for w in WORKLOADS:
+        for arm, entry in arms.items():
+            r = entry.get("workloads", {}).get(w) or {}
+            if "first_gap_p50_ms" in r:
+                later = f"{r['later_gap_p99_ms']:.1f}" if r.get("later_gap_p99_ms") is not None else "-"
+                lines.append(f"| {w} | {arm} | {r['first_gap_p50_ms']:.1f} | {r['first_gap_p90_ms']:.1f} "
+                             f"| {r['first_gap_max_ms']:.1f} | {later} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def goodput_rate(arm: dict, key: str = "slo_attainment") -> float | None:
@@ -700,7 +735,8 @@ def report(paths: list[str]) -> str:
 
 
 def report_from_arms(arms: dict) -> str:
-    extra = [t for t in (gpu_share.share_table(arms), gpu_share.latency_table(arms), client_pause_notes(arms)) if t]
+    extra = [t for t in (gap_table(arms), gpu_share.share_table(arms), gpu_share.latency_table(arms),
+                         client_pause_notes(arms)) if t]
     curves = attainment_curves(arms)
     pairs = paired.paired_table(arms)
     return "\n\n".join([ratio_table(arms), slo_table(arms), *([pairs] if pairs else []), *([curves] if curves else []),

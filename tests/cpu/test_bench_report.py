@@ -57,6 +57,21 @@ def test_requests_whose_only_long_gap_is_their_first_are_counted_apart():
     assert "| poisson_8 | edgeacc | 100 | 25% | 25% | 3 (1) |" in serving_vs_upstream.slo_table(arms)
 
 
+def test_each_requests_first_gap_is_reported_apart_from_the_gaps_after_it():
+    # Ten requests: first gaps of 10..100 ms; after them 99 gaps of 20 ms and one of 60 ms.
+    details = {"itls": [[0.010 * (i + 1)] + [0.020] * 10 for i in range(10)] + [[]]}  # the last: one token only
+    details["itls"][3][5] = 0.060
+    got = serving_vs_upstream.gap_split(details)
+    assert got["first_gap_p50_ms"] == 60.0 and got["first_gap_p90_ms"] == 100.0 and got["first_gap_max_ms"] == 100.0
+    assert got["later_gap_p99_ms"] == 60.0  # the 99th of 100 later gaps, not a first gap
+    arms = {"control": {"workloads": {"poisson_8": got}}, "other": {"workloads": {"poisson_8": _result(1)}}}
+    table = serving_vs_upstream.gap_table(arms)
+    assert "| poisson_8 | control | 60.0 | 100.0 | 100.0 | 60.0 |" in table
+    assert "| other |" not in table  # a result recorded without the split
+    assert serving_vs_upstream.gap_table({"other": {"workloads": {"poisson_8": _result(1)}}}) == ""
+    assert serving_vs_upstream.gap_split({"itls": [[], []]}) == {}
+
+
 def test_the_goodput_rate_is_the_highest_poisson_rate_with_90_percent_met():
     def at(share):
         return {**_result(1000), "slo_attainment": share, "tight_slo_attainment": share / 2}
