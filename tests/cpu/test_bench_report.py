@@ -63,7 +63,7 @@ def test_each_requests_first_gap_is_reported_apart_from_the_gaps_after_it():
     details["itls"][3][5] = 0.060
     got = serving_vs_upstream.gap_split(details)
     assert got["first_gap_p50_ms"] == 60.0 and got["first_gap_p90_ms"] == 100.0 and got["first_gap_max_ms"] == 100.0
-    assert got["later_gap_p99_ms"] == 60.0  # the 99th of 100 later gaps, not a first gap
+    assert got["later_gap_p99_ms"] == 60.0  # the P99 of the 100 later gaps; a first gap would make it 90
     arms = {"control": {"workloads": {"poisson_8": got}}, "other": {"workloads": {"poisson_8": _result(1)}}}
     table = serving_vs_upstream.gap_table(arms)
     assert "| poisson_8 | control | 60.0 | 100.0 | 100.0 | 60.0 |" in table
