@@ -39,6 +39,9 @@ PREFIX = "sglang_edgeacc_"
 UPSTREAM_HISTOGRAMS = {"sglang:time_to_first_token_seconds": "ttft", "sglang:queue_time_seconds": "queue",
                        "sglang:per_stage_req_latency_seconds": "stage"}
 STAGES = ("request_process", "prefill_forward")
+# The decode loop's parts in the order a pass goes through them (decode_side.py's marks).
+DECODE_PARTS = ("requests", "prefill hand-off", "pacing", "decode batch", "decode launch", "decode results",
+                "garbage collection")
 
 
 def _upstream_sample(sample) -> str | None:
@@ -57,7 +60,8 @@ def parse_counters(text: str) -> dict[str, float]:
     """EdgeAcc's work counters and upstream's first-token latencies from a ``/metrics`` page, summed over ranks.
 
     Decode counters are kept per ``beside_prefill`` value, as ``decode_steps.yes`` and so on;
-    the prefill path's parts as ``prefill_path.<part>``; upstream's histograms as sums and counts.
+    the prefill path's parts as ``prefill_path.<part>``, the decode loop's parts as
+    ``decode_part.<beside_prefill>.<part>``; upstream's histograms as sums and counts.
     """
     # Imported here: the benchmark runs without it unless --gpu-share asks for the counters.
     from prometheus_client.parser import text_string_to_metric_families
@@ -71,6 +75,10 @@ def parse_counters(text: str) -> dict[str, float]:
                 continue
             if sample.name == PREFIX + "prefill_path_seconds_total":
                 key = f"prefill_path.{sample.labels.get('part')}"
+                out[key] = out.get(key, 0.0) + sample.value
+                continue
+            if sample.name == PREFIX + "decode_step_part_seconds_total":
+                key = f"decode_part.{sample.labels.get('beside_prefill')}.{sample.labels.get('part')}"
                 out[key] = out.get(key, 0.0) + sample.value
                 continue
             if sample.name == PREFIX + "prefill_batches_total":
@@ -149,6 +157,8 @@ def shares(before: dict[str, float], after: dict[str, float], costs: ModelCosts,
             "steps": steps, "step_ms": seconds / steps * 1e3,
             "batch": delta.get(f"decode_step_requests.{beside}", 0.0) / steps,
             "gbps": gbps, "of_ceiling": gbps / gbps_ceiling,
+            "parts_ms": {key.split(".", 2)[2]: value / steps * 1e3 for key, value in sorted(delta.items())
+                         if key.startswith(f"decode_part.{beside}.")},
         }
     return out
 
@@ -211,3 +221,26 @@ def latency_table(arms: dict) -> str:
             cells = [f"{latency[c]:.1f}" if c in latency else "-" for c in LATENCY_COLUMNS]
             lines.append(f"| {arm} | {workload} | " + " | ".join(cells) + " |")
     return "\n".join(lines) if found else ""
+
+
+def step_part_table(arms: dict) -> str:
+    """Markdown rows of mean milliseconds per decode step in each part of the decode loop, beside a
+    prefill batch and alone, where the run recorded them: which part a change made longer."""
+    rows, parts = [], []
+    for arm, entry in arms.items():
+        for workload, result in entry.get("workloads", {}).items():
+            share = result.get("gpu_share") if isinstance(result, dict) else None
+            for beside in BESIDE:
+                step = (share or {}).get(f"decode_beside_prefill_{beside}") or {}
+                if step.get("parts_ms"):
+                    rows.append((arm, workload, beside, step))
+                    parts += [p for p in step["parts_ms"] if p not in parts]
+    if not rows:
+        return ""
+    parts.sort(key=lambda p: (DECODE_PARTS.index(p) if p in DECODE_PARTS else len(DECODE_PARTS), p))
+    lines = ["| arm | workload | beside prefill | step ms | " + " | ".join(parts) + " |",
+             "|---|---|---|---:|" + "---:|" * len(parts)]
+    for arm, workload, beside, step in rows:
+        cells = [f"{step['parts_ms'][p]:.2f}" if p in step["parts_ms"] else "-" for p in parts]
+        lines.append(f"| {arm} | {workload} | {beside} | {step['step_ms']:.2f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

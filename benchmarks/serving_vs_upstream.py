@@ -735,8 +735,8 @@ def report(paths: list[str]) -> str:
 
 
 def report_from_arms(arms: dict) -> str:
-    extra = [t for t in (gap_table(arms), gpu_share.share_table(arms), gpu_share.latency_table(arms),
-                         client_pause_notes(arms)) if t]
+    extra = [t for t in (gap_table(arms), gpu_share.share_table(arms), gpu_share.step_part_table(arms),
+                         gpu_share.latency_table(arms), client_pause_notes(arms)) if t]
     curves = attainment_curves(arms)
     pairs = paired.paired_table(arms)
     return "\n\n".join([ratio_table(arms), slo_table(arms), *([pairs] if pairs else []), *([curves] if curves else []),

@@ -36,6 +36,7 @@ SERIES = {
     "sglang_edgeacc_decode_step_seconds": ("counter", {"tp_rank", "beside_prefill"}),
     "sglang_edgeacc_decode_step_requests": ("counter", {"tp_rank", "beside_prefill"}),
     "sglang_edgeacc_decode_context_tokens": ("counter", {"tp_rank", "beside_prefill"}),
+    "sglang_edgeacc_decode_step_part_seconds": ("counter", {"tp_rank", "beside_prefill", "part"}),
     "sglang_edgeacc_sm_percent": ("gauge", {"tp_rank", "side"}),
 }
 
@@ -107,6 +108,45 @@ def test_each_step_is_counted_once_beside_a_prefill_or_alone():
     assert counters["decode_context_tokens.yes"] == 2 * 9 + 3 * 9 + 2 * 19
 
 
+def test_each_steps_time_is_counted_by_the_loop_part_it_went_to_and_read_back_per_step():
+    clock = _Clock()
+    stats, registry = _stats()
+    side = _DecodeSide(clock, stats)
+
+    def step(busy, *parts_ms):
+        for part, ms in parts_ms:
+            clock.now += ms / 1e3
+            side.decode_clock.mark(part)
+        clock.now += 0.004  # the result itself
+        side.prefill_link.busy = busy
+        side._edge_process_decode_result(_batch(), None)
+
+    step(False)  # the first result: nothing to time it against, and its parts are not counted
+    step(True, ("requests", 1), ("prefill hand-off", 6), ("pacing", 2))
+    step(True, ("requests", 1), ("prefill hand-off", 2), ("decode launch", 3))
+    step(False, ("requests", 1), ("pacing", 10))
+
+    counters = gpu_share.parse_counters(_exposition(registry))
+    assert {k: v for k, v in counters.items() if k.startswith("decode_part.")} == pytest.approx({
+        "decode_part.yes.requests": 0.002, "decode_part.yes.prefill hand-off": 0.008,
+        "decode_part.yes.pacing": 0.002, "decode_part.yes.decode launch": 0.003,
+        "decode_part.yes.decode results": 0.008,
+        "decode_part.no.requests": 0.001, "decode_part.no.pacing": 0.010, "decode_part.no.decode results": 0.004})
+    # The parts of the steps add up to the steps' time.
+    for beside in ("yes", "no"):
+        parts = sum(v for k, v in counters.items() if k.startswith(f"decode_part.{beside}."))
+        assert parts == pytest.approx(counters[f"decode_step_seconds.{beside}"])
+
+    costs = gpu_share.ModelCosts(linear_flops_per_token=1.0, attention_flops_per_pair=1.0, weight_bytes=1.0,
+                                 kv_bytes_per_token=1.0)
+    share = gpu_share.shares({}, counters, costs, duration_s=1.0)
+    assert share["decode_beside_prefill_yes"]["parts_ms"] == pytest.approx(
+        {"requests": 1.0, "prefill hand-off": 4.0, "pacing": 1.0, "decode launch": 1.5, "decode results": 4.0})
+    table = gpu_share.step_part_table({"edgeacc": {"workloads": {"poisson_8": {"gpu_share": share}}}})
+    assert "| edgeacc | poisson_8 | yes | 11.50 | 1.00 | 4.00 | 1.00 | 1.50 | 4.00 |" in table
+    assert "| edgeacc | poisson_8 | no | 15.00 | 1.00 | - | 10.00 | - | 4.00 |" in table
+
+
 def test_the_clock_alone():
     clock = _Clock()
     steps = DecodeStepClock(clock)
@@ -121,7 +161,8 @@ def test_the_clock_alone():
 
 def test_the_series_names_kinds_and_labels_are_unchanged():
     stats, registry = _stats()
-    stats.record_decode_step(DecodeStep(seconds=0.02, beside_prefill=True), requests=1, context_tokens=5)
+    stats.record_decode_step(DecodeStep(seconds=0.02, beside_prefill=True, parts={"pacing": 0.02}), requests=1,
+                             context_tokens=5)
     stats.record_handoff(0.05, 40.0, 1, path={"forward": 0.04})
     seen = {}
     for family in registry.collect():

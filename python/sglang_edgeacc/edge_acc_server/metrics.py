@@ -22,6 +22,7 @@ class EdgeAccStats:
     last_message_bytes: int = 0
     _prometheus: object = field(default=None, repr=False)
     _decode_series: dict = field(default_factory=dict, repr=False)
+    _part_series: dict = field(default_factory=dict, repr=False)
     _labels: dict = field(default_factory=dict, repr=False)
 
     def enable_prometheus(self, labels: dict[str, str], prefill_sm_percent: int, decode_sm_percent: int,
@@ -98,6 +99,12 @@ class EdgeAccStats:
                 "sglang_edgeacc_decode_context_tokens",
                 "Tokens of KV cache the timed decode steps attended to.", names + ["beside_prefill"],
             ),
+            "decode_parts": Counter(
+                "sglang_edgeacc_decode_step_part_seconds",
+                "Where the time between two consecutive decode results went: each part of the decode loop "
+                "(requests, prefill hand-off, pacing, decode batch, decode launch, decode results, garbage "
+                "collection); the parts of a step add up to its time.", names + ["beside_prefill", "part"],
+            ),
             "sm_percent": Gauge(
                 "sglang_edgeacc_sm_percent", "Configured SM share of each side.", names + ["side"],
                 multiprocess_mode="mostrecent",
@@ -141,6 +148,13 @@ class EdgeAccStats:
         seconds.inc(step.seconds)
         in_step.inc(requests)
         context.inc(context_tokens)
+        beside = "yes" if step.beside_prefill else "no"
+        for part, part_s in step.parts.items():
+            series = self._part_series.get((beside, part))
+            if series is None:
+                series = self._prometheus["decode_parts"].labels(**self._labels, beside_prefill=beside, part=part)
+                self._part_series[(beside, part)] = series
+            series.inc(max(0.0, part_s))
 
     def record_message(self, nbytes: int) -> None:
         self.last_message_bytes = nbytes
