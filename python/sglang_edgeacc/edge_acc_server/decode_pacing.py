@@ -94,6 +94,16 @@ class DecodePacer:
         """
         return self.enabled and prefill_busy and self.predicted_step_s() < self.aim_s(prompts_waiting)
 
+    def reply_due_during_step(self, reply_due_at: Optional[float]) -> bool:
+        """Whether a prefill reply is due before the step on the device ends (``reply_eta``).
+
+        The loop then reads that step's result before it launches the next, so the reply, taken
+        while it reads, joins the next step. A reply already overdue is due any moment: also then.
+        """
+        if not self.enabled or reply_due_at is None or not self._launched:
+            return False
+        return reply_due_at <= self._launched[-1] + self.predicted_step_s()
+
     def predicted_step_s(self) -> float:
         """How long the next step beside a prefill should take: the longest of the recent ones."""
         if self._beside:

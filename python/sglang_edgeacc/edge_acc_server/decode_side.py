@@ -34,6 +34,7 @@ from sglang_edgeacc.edge_acc_server.graph_phases import skip_unused_graph_phase
 from sglang_edgeacc.edge_acc_server.long_gaps import LongGapLog
 from sglang_edgeacc.edge_acc_server.metrics import EdgeAccStats
 from sglang_edgeacc.edge_acc_server.prefill_link import InflightPrefill, PrefillLink
+from sglang_edgeacc.edge_acc_server.reply_eta import ReplyEta
 from sglang_edgeacc.edge_acc_server.messages import PrefillResult
 from sglang_edgeacc.edge_acc_server.scheduler import EdgeAccSchedulerBase
 from sglang_edgeacc.edge_acc_server.server_info import (
@@ -162,6 +163,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         self.decode_clock = DecodeStepClock(gc_timer=GcTimer())
         self.long_gaps = LongGapLog(flags.edge_acc_itl_slo_ms, self._edge_log_prefix, stacks=True)
         self.decode_pacer = DecodePacer(flags.edge_acc_itl_slo_ms if flags.edge_acc_decode_pacing == "on" else 0.0)
+        self.reply_eta = ReplyEta()
         self._edge_spawn_after_capture = False
         # Prefill batches whose first tokens went out while a decode step ran, merged at the top of the loop.
         self._edge_unmerged: deque = deque()
@@ -411,6 +413,8 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
     def _edge_pace(self) -> bool:
         """Wait before the next decode step while the prefill side has a batch (``decode_pacing``).
 
+        Where steps leave no slack, no step waits, but the last step's result is still read before
+        the next launch where the next prefill reply is due while that step runs (``reply_eta``).
         Returns False when a prefill reply or a new request ended the wait, so the loop
         takes the reply or admits the request and hands over the next batch before this
         step (the wait goes on after it, from the same last step). A wait ends early only
@@ -418,13 +422,14 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         brings the ranks together).
         """
         if not self.decode_pacer.paces(self.prefill_link.busy, self._edge_prompts_waiting()):
+            if self._edge_reply_due_during_step():
+                # No wait, but the last step's result first: a reply taken while it is read joins the
+                # next step, not the one after it (reply_eta says why).
+                self._edge_read_last_results()
+                return not self._edge_unmerged
             return True
-        # The wait counts from the last step's result, so its tokens go out first. Under the
-        # overlap schedule upstream's last_batch is the batch whose result is still queued
-        # (a retracting pause takes it from the queue): with its result out, there is none.
-        while self.result_queue:
-            self._edge_process_decode_result(*self.result_queue.popleft())
-        self.last_batch = None
+        # The wait counts from the last step's result, so its tokens go out first.
+        self._edge_read_last_results()
         if self._edge_unmerged:
             return False  # a reply taken meanwhile: merged, and the next batch handed over, before this step
         wait_s = self.decode_pacer.next_step(self.prefill_link.busy, self._edge_prompts_waiting()).wait_s
@@ -434,6 +439,28 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
             return not self.prefill_link.wait_readable(max(1, round(wait_s * 1000)), also=self._edge_wake_sockets)
         time.sleep(wait_s)
         return True
+
+    def _edge_read_last_results(self) -> None:
+        """Process the steps launched and not yet read; a prefill reply that comes meanwhile is taken.
+
+        Under the overlap schedule upstream's last_batch is the batch whose result is still queued
+        (a retracting pause takes it from the queue): with its result out, there is none.
+        """
+        while self.result_queue:
+            self._edge_process_decode_result(*self.result_queue.popleft())
+        self.last_batch = None
+
+    def _edge_reply_due_during_step(self) -> bool:
+        """Whether the next prefill reply is due while the step launched last is still on the device.
+
+        Only where this rank takes replies alone (taking one while a step runs is otherwise a
+        collective) and a step's result is still queued (the overlap schedule).
+        """
+        oldest = self.prefill_link.oldest
+        if oldest is None or not self.result_queue or not self._edge_steps_alone:
+            return False
+        due = self.reply_eta.due_at(oldest.sent_at, oldest.batch.extend_num_tokens or 0)
+        return self.decode_pacer.reply_due_during_step(due)
 
     def _edge_prompts_waiting(self) -> bool:
         """Whether a prompt waits behind the prefill batch in flight: queued, in a second batch in
@@ -585,6 +612,8 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
 
         taken_at = time.monotonic()
         batch = inflight.batch
+        self.reply_eta.replied(inflight.sent_at, batch.extend_num_tokens or 0,
+                               reply.times.done_at if reply.times is not None else taken_at)
         # Counted before result processing and the merge change the batch.
         tokens = pairs = 0
         if self.edge_acc_stats.enabled:
