@@ -426,6 +426,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
                 # No wait, but the last step's result first: a reply taken while it is read joins the
                 # next step, not the one after it (reply_eta says why).
                 self._edge_read_last_results()
+                self.edge_acc_stats.record_early_read(reply_taken=bool(self._edge_unmerged))
                 return not self._edge_unmerged
             return True
         # The wait counts from the last step's result, so its tokens go out first.
