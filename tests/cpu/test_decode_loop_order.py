@@ -708,6 +708,40 @@ def test_with_no_slack_a_reply_due_during_the_step_on_the_device_joins_the_next_
     assert [s for what, s in ev if what == "process"] == [1, 2, 3, 4], ev
 
 
+@pytest.mark.parametrize("after_the_reply", ["the prefill side idle", "a second batch in flight"])
+def test_a_reply_read_early_is_merged_and_launched_before_the_next_hand_over_only_behind_a_busy_prefill_side(
+        monkeypatch, after_the_reply):
+    side = _paced_side_with_a_reply_during_step_2(monkeypatch, step_s=0.050)  # no slack
+    link = side.prefill_link
+    side.reply_eta.replied(sent_at=-1.0, tokens=1000, ready_at=-0.8)
+    link.oldest = InflightPrefill(seq=1, batch=SimpleNamespace(extend_num_tokens=400), sent_at=0.0,
+                                  scheduled_at=0.0)  # due at 80 ms, while step 2 runs (50-100 ms)
+    poll = link.poll
+
+    def poll_reply():
+        reply = poll()
+        if reply is not None:
+            link.oldest = None
+            if after_the_reply == "a second batch in flight":
+                link.busy, link.arrived = True, False  # its reply comes after the run
+        return reply
+
+    link.poll = poll_reply
+    side.event_loop_edge_acc_decode()
+    ev = side.events
+    # Either way the reply read with step 2's result joins step 3.
+    assert _at(ev, "process", 2) < _at(ev, "merge", 3) < _at(ev, "run", 3), ev
+    if after_the_reply == "the prefill side idle":
+        # Handed over before the step: after it, the batch's fence would hold it until step 3 ends.
+        assert _at(ev, "merge", 3) < ev.index(("dispatch", 3), _at(ev, "merge", 3)) < _at(ev, "run", 3), ev
+    else:
+        # The device waits while the host merges: the next batch, which would only queue behind the
+        # one in flight, is handed over once step 3 is launched, before the device waits on anything.
+        assert ("dispatch", 3) not in ev[_at(ev, "merge", 3):_at(ev, "run", 3)], ev
+        assert _at(ev, "run", 3) < _at(ev, "dispatch", 4) < _at(ev, "process", 3), ev
+    assert [s for what, s in ev if what == "process"] == [1, 2, 3, 4], ev
+
+
 def test_a_reply_is_due_during_a_step_that_ends_after_it():
     clock = _Clock()
     pacer = DecodePacer(itl_slo_ms=50.0, clock=clock)

@@ -28,6 +28,7 @@ never gets to use.
 
 from __future__ import annotations
 
+import enum
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -48,6 +49,14 @@ MAX_UNPROCESSED = 2
 
 def _aimed_gap_s(itl_slo_ms: float) -> float:
     return max(0.0, itl_slo_ms) * TARGET_SHARE / 1000.0
+
+
+class Paced(enum.Enum):
+    """What the decode loop does after pacing."""
+
+    STEP = "launch the next decode step"
+    ROUND = "go round: merge the reply or admit the request, hand over the next batch, then the step"
+    REPLY_READ_EARLY = "go round: merge the reply read early and launch the step; the next batch after it"
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from sglang.srt.runtime_context import get_device, get_model, get_parallel
 
 from sglang_edgeacc.edge_acc_server import pacing_target, roles, upstream_mirror
 from sglang_edgeacc.edge_acc_server.batch_codec import PrefillBatchNotSendable, UnsendablePart, pack_prefill_batch
-from sglang_edgeacc.edge_acc_server.decode_pacing import DecodePacer
+from sglang_edgeacc.edge_acc_server.decode_pacing import DecodePacer, Paced
 from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStepClock, GcTimer
 from sglang_edgeacc.edge_acc_server.graph_phases import skip_unused_graph_phase
 from sglang_edgeacc.edge_acc_server.long_gaps import LongGapLog
@@ -327,6 +327,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         self._edge_steps_alone = self.prefill_link.replies_taken_alone and not self.require_mlp_sync
         self._edge_wake_sockets = self._edge_request_sockets() if self._edge_steps_alone else ()
         logger.info("%s decode loop, overlap schedule %s", self._edge_log_prefix(), "on" if overlap else "off")
+        hand_over_now = True
         try:
             while not self.gracefully_exit:
                 # Before anything else reads the queues: an abort must find these requests running.
@@ -343,13 +344,17 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
                 self.prefill_link.check_alive()
                 self.edge_acc_stats.record_queues(len(self.waiting_queue), self.running_batch.batch_size())
                 self._edge_collect_prefill()
-                if not self.prefill_link.full:
+                if hand_over_now and not self.prefill_link.full:
                     self._edge_dispatch_prefill()
                 self.decode_clock.mark("prefill hand-off")
                 paced = self._edge_pace()
                 self.decode_clock.mark("pacing")
-                if not paced:
-                    continue  # a prefill reply came during the wait: hand over the next batch first
+                if paced is not Paced.STEP:
+                    # A reply or a request came: merge or admit it first. The next batch is handed over
+                    # before this step, unless the step waits on the host for it (``Paced.REPLY_READ_EARLY``).
+                    hand_over_now = paced is Paced.ROUND
+                    continue
+                hand_over_now = True
 
                 batch = self._edge_next_decode_batch()
                 self.decode_clock.mark("decode batch")
@@ -410,12 +415,12 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         candidates = (self.recv_from_tokenizer, self.ipc_channels.recv_from_rpc)
         return tuple(socket for socket in candidates if isinstance(socket, zmq.Socket))
 
-    def _edge_pace(self) -> bool:
+    def _edge_pace(self) -> Paced:
         """Wait before the next decode step while the prefill side has a batch (``decode_pacing``).
 
         Where steps leave no slack, no step waits, but the last step's result is still read before
         the next launch where the next prefill reply is due while that step runs (``reply_eta``).
-        Returns False when a prefill reply or a new request ended the wait, so the loop
+        Returns ``Paced.ROUND`` when a prefill reply or a new request ended the wait, so the loop
         takes the reply or admits the request and hands over the next batch before this
         step (the wait goes on after it, from the same last step). A wait ends early only
         where this rank steps alone; elsewhere it runs out (the decode forward after it
@@ -427,19 +432,26 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
                 # next step, not the one after it (reply_eta says why).
                 self._edge_read_last_results()
                 self.edge_acc_stats.record_early_read(reply_taken=bool(self._edge_unmerged))
-                return not self._edge_unmerged
-            return True
+                if not self._edge_unmerged:
+                    return Paced.STEP
+                # The device waits for this step while the host works: where the prefill side still
+                # has a batch, the next one would only queue behind it, so it is handed over after
+                # the launch, its host work beside the step. An idle prefill side gets it first: handed
+                # over after the launch, its fence would make it wait for the step.
+                return Paced.REPLY_READ_EARLY if self.prefill_link.busy else Paced.ROUND
+            return Paced.STEP
         # The wait counts from the last step's result, so its tokens go out first.
         self._edge_read_last_results()
         if self._edge_unmerged:
-            return False  # a reply taken meanwhile: merged, and the next batch handed over, before this step
+            return Paced.ROUND  # a reply taken meanwhile: merged, and the next batch handed over, before this step
         wait_s = self.decode_pacer.next_step(self.prefill_link.busy, self._edge_prompts_waiting()).wait_s
         if wait_s <= 0:
-            return True
+            return Paced.STEP
         if self._edge_steps_alone:
-            return not self.prefill_link.wait_readable(max(1, round(wait_s * 1000)), also=self._edge_wake_sockets)
+            woken = self.prefill_link.wait_readable(max(1, round(wait_s * 1000)), also=self._edge_wake_sockets)
+            return Paced.ROUND if woken else Paced.STEP
         time.sleep(wait_s)
-        return True
+        return Paced.STEP
 
     def _edge_read_last_results(self) -> None:
         """Process the steps launched and not yet read; a prefill reply that comes meanwhile is taken.
