@@ -31,8 +31,6 @@ H200_COPY_GBPS = 4300.0
 PREFILL_COUNTERS = ("prefill_tokens", "prefill_attention_pairs", "prefill_forward_seconds")
 DECODE_COUNTERS = ("decode_steps", "decode_step_seconds", "decode_step_requests", "decode_context_tokens")
 BESIDE = ("yes", "no")
-# A decode result read early for a prefill reply due during its step: the reply came meanwhile, or not yet.
-EARLY_READ_REPLIES = ("taken", "not_yet")
 
 PREFIX = "sglang_edgeacc_"
 # Upstream's own latency histograms, on both arms: a request's time to its first token, and the
@@ -81,10 +79,6 @@ def parse_counters(text: str) -> dict[str, float]:
                 continue
             if sample.name == PREFIX + "decode_step_part_seconds_total":
                 key = f"decode_part.{sample.labels.get('beside_prefill')}.{sample.labels.get('part')}"
-                out[key] = out.get(key, 0.0) + sample.value
-                continue
-            if sample.name == PREFIX + "early_result_reads_total":
-                key = f"early_result_reads.{sample.labels.get('reply')}"
                 out[key] = out.get(key, 0.0) + sample.value
                 continue
             if sample.name == PREFIX + "prefill_batches_total":
@@ -151,9 +145,6 @@ def shares(before: dict[str, float], after: dict[str, float], costs: ModelCosts,
         out["prefill"] = {"busy_share": busy_s / duration_s if duration_s else None,
                           "tokens": delta.get("prefill_tokens", 0.0),
                           "tflops": tflops, "of_ceiling": tflops / tflops_ceiling}
-    early = {reply: delta.get(f"early_result_reads.{reply}", 0.0) for reply in EARLY_READ_REPLIES}
-    if any(early.values()):
-        out["early_result_reads"] = early
     for beside in BESIDE:
         steps = delta.get(f"decode_steps.{beside}", 0.0)
         seconds = delta.get(f"decode_step_seconds.{beside}", 0.0)
@@ -190,9 +181,8 @@ def mean_latencies(delta: dict[str, float]) -> dict[str, float]:
 def share_table(arms: dict) -> str:
     """Markdown rows of each arm's and workload's shares, where the run recorded them."""
     lines = ["| arm | workload | prefill busy | prefill TFLOP/s (of ceiling) | decode beside prefill: step ms, "
-             "batch, GB/s (of ceiling) | decode alone: step ms, batch, GB/s (of ceiling) | results read early "
-             "for a reply (it came) |",
-             "|---|---|---:|---:|---|---|---:|"]
+             "batch, GB/s (of ceiling) | decode alone: step ms, batch, GB/s (of ceiling) |",
+             "|---|---|---:|---:|---|---|"]
     found = False
     for arm, entry in arms.items():
         for workload, result in entry.get("workloads", {}).items():
@@ -207,8 +197,6 @@ def share_table(arms: dict) -> str:
                 d = share.get(f"decode_beside_prefill_{beside}")
                 cells.append(f"{d['step_ms']:.1f}, {d['batch']:.0f}, {d['gbps']:.0f} ({d['of_ceiling']:.0%})"
                              if d else "-")
-            early = share.get("early_result_reads")
-            cells.append(f"{sum(early.values()):.0f} ({early['taken']:.0f})" if early else "-")
             lines.append(f"| {arm} | {workload} | " + " | ".join(cells) + " |")
     return "\n".join(lines) if found else ""
 

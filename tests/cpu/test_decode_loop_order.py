@@ -20,8 +20,6 @@ from sglang_edgeacc.edge_acc_server.decode_side import DecodeSideScheduler
 from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStepClock
 from sglang_edgeacc.edge_acc_server.long_gaps import LongGapLog
 from sglang_edgeacc.edge_acc_server.metrics import EdgeAccStats
-from sglang_edgeacc.edge_acc_server.prefill_link import InflightPrefill
-from sglang_edgeacc.edge_acc_server.reply_eta import ReplyEta
 
 
 class _DecodeBatch:
@@ -42,7 +40,6 @@ class _RecordingLink:
     replies_taken_alone = True
     depth = 1
     inflight_batches: list = []
-    oldest = None
 
     def __init__(self, events):
         self._events = events
@@ -73,7 +70,6 @@ class _RecordingDecodeSide(DecodeSideScheduler):
         self.decode_clock = DecodeStepClock()
         self.long_gaps = LongGapLog(itl_slo_ms=50.0, log_prefix=lambda: "[edgeacc decode tp0]")
         self.decode_pacer = DecodePacer(itl_slo_ms=50.0)
-        self.reply_eta = ReplyEta()
         self.require_mlp_sync = False
         self.enable_priority_preemption = False
         self.server_args = SimpleNamespace()  # EdgeAcc's default flags
@@ -637,8 +633,7 @@ def test_a_reply_that_comes_during_a_decode_step_streams_before_the_steps_tokens
     assert [s for what, s in ev if what == "process"] == [1, 2, 3, 4], ev
 
 
-def _paced_side_with_a_reply_during_step_2(monkeypatch, step_s: float):
-    """Steps of ``step_s`` on a paced clock; the reply comes while step 2 is on the device."""
+def test_a_reply_taken_while_the_pacing_wait_drains_the_last_step_joins_the_next_step(monkeypatch):
     side = _side_with_a_reply_during_a_step(monkeypatch, mid_step=True)
     clock = _Clock()
     side.decode_pacer = DecodePacer(itl_slo_ms=50.0, clock=clock)
@@ -648,9 +643,9 @@ def _paced_side_with_a_reply_during_step_2(monkeypatch, step_s: float):
     run = side.run_batch
 
     def run_batch(batch):
-        clock.now += step_s
+        clock.now += 0.010
         result = run(batch)
-        if batch.step == 2:  # the reply comes while step 2 is on the device
+        if batch.step == 2:  # the reply comes while step 2 is on the device, before step 3 is launched
             arrive = result.copy_done.query
 
             def query():
@@ -661,115 +656,12 @@ def _paced_side_with_a_reply_during_step_2(monkeypatch, step_s: float):
         return result
 
     side.run_batch = run_batch
-    return side
-
-
-def test_a_reply_taken_while_the_pacing_wait_drains_the_last_step_joins_the_next_step(monkeypatch):
-    side = _paced_side_with_a_reply_during_step_2(monkeypatch, step_s=0.010)
     side.event_loop_edge_acc_decode()
     ev = side.events
     # Taken while the wait before step 3 drained step 2; the loop goes round to merge it and hand over the
     # next batch, so its requests decode in step 3.
     assert _at(ev, "first tokens", 3) < _at(ev, "process", 2) < _at(ev, "merge", 3) < _at(ev, "run", 3), ev
     assert _at(ev, "merge", 3) < ev.index(("dispatch", 3), _at(ev, "merge", 3)) < _at(ev, "run", 3), ev
-
-
-@pytest.mark.parametrize("due", ["during the step", "after the step", "not known"])
-def test_with_no_slack_a_reply_due_during_the_step_on_the_device_joins_the_next_step(monkeypatch, due):
-    # Steps beside a prefill take 50 ms, more than the 45 ms aim, so none waits.
-    side = _paced_side_with_a_reply_during_step_2(monkeypatch, step_s=0.050)
-    link = side.prefill_link
-    # Earlier batches took 0.2 ms per prompt token; the one in flight has 400 tokens.
-    if due != "not known":
-        side.reply_eta.replied(sent_at=-1.0, tokens=1000, ready_at=-0.8)
-    sent_at = 0.5 if due == "after the step" else 0.0  # due at 80 ms (step 2 runs 50-100 ms), or at 580
-    link.oldest = InflightPrefill(seq=1, batch=SimpleNamespace(extend_num_tokens=400), sent_at=sent_at,
-                                  scheduled_at=sent_at)
-    poll = link.poll
-
-    def poll_reply():
-        reply = poll()
-        if reply is not None:
-            link.oldest = None
-        return reply
-
-    link.poll = poll_reply
-    side.event_loop_edge_acc_decode()
-    ev = side.events
-    assert not [e for e in ev if e[0] == "waited" and e[1] > 5], ev  # no pacing wait: steps leave no slack
-    if due == "during the step":
-        # Step 2's result is read before step 3 is launched; the reply taken meanwhile joins step 3.
-        assert _at(ev, "first tokens", 3) < _at(ev, "process", 2) < _at(ev, "merge", 3) < _at(ev, "run", 3), ev
-        # Once that reply is in, the overlap order returns.
-        assert _at(ev, "run", 4) < _at(ev, "process", 3), ev
-    else:  # the control: launched before the last result is read, so the reply joins the step after
-        assert _at(ev, "run", 3) < _at(ev, "first tokens", 4) < _at(ev, "process", 2), ev
-        assert _at(ev, "process", 2) < _at(ev, "merge", 4) < _at(ev, "run", 4), ev
-    assert [s for what, s in ev if what == "process"] == [1, 2, 3, 4], ev
-
-
-@pytest.mark.parametrize("after_the_reply", ["the prefill side idle", "a second batch in flight"])
-def test_a_reply_read_early_is_merged_and_launched_before_the_next_hand_over_only_behind_a_busy_prefill_side(
-        monkeypatch, after_the_reply):
-    side = _paced_side_with_a_reply_during_step_2(monkeypatch, step_s=0.050)  # no slack
-    link = side.prefill_link
-    side.reply_eta.replied(sent_at=-1.0, tokens=1000, ready_at=-0.8)
-    link.oldest = InflightPrefill(seq=1, batch=SimpleNamespace(extend_num_tokens=400), sent_at=0.0,
-                                  scheduled_at=0.0)  # due at 80 ms, while step 2 runs (50-100 ms)
-    poll = link.poll
-
-    def poll_reply():
-        reply = poll()
-        if reply is not None:
-            link.oldest = None
-            if after_the_reply == "a second batch in flight":
-                link.busy, link.arrived = True, False  # its reply comes after the run
-        return reply
-
-    link.poll = poll_reply
-    side.event_loop_edge_acc_decode()
-    ev = side.events
-    # Either way the reply read with step 2's result joins step 3.
-    assert _at(ev, "process", 2) < _at(ev, "merge", 3) < _at(ev, "run", 3), ev
-    if after_the_reply == "the prefill side idle":
-        # Handed over before the step: after it, the batch's fence would hold it until step 3 ends.
-        assert _at(ev, "merge", 3) < ev.index(("dispatch", 3), _at(ev, "merge", 3)) < _at(ev, "run", 3), ev
-    else:
-        # The device waits while the host merges: the next batch, which would only queue behind the
-        # one in flight, is handed over once step 3 is launched, before the device waits on anything.
-        assert ("dispatch", 3) not in ev[_at(ev, "merge", 3):_at(ev, "run", 3)], ev
-        assert _at(ev, "run", 3) < _at(ev, "dispatch", 4) < _at(ev, "process", 3), ev
-    assert [s for what, s in ev if what == "process"] == [1, 2, 3, 4], ev
-
-
-def test_a_reply_is_due_during_a_step_that_ends_after_it():
-    clock = _Clock()
-    pacer = DecodePacer(itl_slo_ms=50.0, clock=clock)
-    assert not pacer.reply_due_during_step(0.0)  # no step on the device
-    pacer.launched()
-    clock.now = 0.050
-    pacer.result(decode_step=True, beside_prefill=True)  # steps beside a prefill take 50 ms
-    pacer.launched()  # the step on the device, launched at 50 ms: due to end at 100
-    assert pacer.reply_due_during_step(0.099)
-    assert pacer.reply_due_during_step(0.020)  # overdue: any moment
-    assert not pacer.reply_due_during_step(0.101)
-    assert not pacer.reply_due_during_step(None)
-    pacer.retarget(0.0)  # pacing off: the overlap order, always
-    assert not pacer.reply_due_during_step(0.099)
-
-
-def test_a_reply_is_due_after_its_prompt_tokens_at_the_recent_rate():
-    eta = ReplyEta()
-    assert eta.due_at(sent_at=0.0, tokens=1000) is None  # nothing to go by yet
-    eta.replied(sent_at=0.0, tokens=1000, ready_at=0.200)
-    assert eta.due_at(sent_at=1.0, tokens=500) == pytest.approx(1.100)
-    # Sent while the batch before it still ran: it starts once that one's first tokens are out.
-    assert eta.due_at(sent_at=0.100, tokens=1000) == pytest.approx(0.400)
-    eta.replied(sent_at=0.100, tokens=1000, ready_at=0.400)  # 0.2 ms a token from 200 ms, not 0.3 from 100
-    assert eta.due_at(sent_at=1.0, tokens=1000) == pytest.approx(1.200)
-    eta.replied(sent_at=1.0, tokens=100, ready_at=1.5)  # one slow batch (5 ms a token) moves the median not at all
-    assert eta.due_at(sent_at=2.0, tokens=1000) == pytest.approx(2.200)
-    assert eta.due_at(sent_at=2.0, tokens=0) is None  # nothing to compute
 
 
 @pytest.mark.parametrize("change", ["replies_taken_together", "mlp_sync"])

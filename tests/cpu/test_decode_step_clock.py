@@ -37,7 +37,6 @@ SERIES = {
     "sglang_edgeacc_decode_step_requests": ("counter", {"tp_rank", "beside_prefill"}),
     "sglang_edgeacc_decode_context_tokens": ("counter", {"tp_rank", "beside_prefill"}),
     "sglang_edgeacc_decode_step_part_seconds": ("counter", {"tp_rank", "beside_prefill", "part"}),
-    "sglang_edgeacc_early_result_reads": ("counter", {"tp_rank", "reply"}),
     "sglang_edgeacc_sm_percent": ("gauge", {"tp_rank", "side"}),
 }
 
@@ -165,7 +164,6 @@ def test_the_series_names_kinds_and_labels_are_unchanged():
     stats.record_decode_step(DecodeStep(seconds=0.02, beside_prefill=True, parts={"pacing": 0.02}), requests=1,
                              context_tokens=5)
     stats.record_handoff(0.05, 40.0, 1, path={"forward": 0.04})
-    stats.record_early_read(reply_taken=True)
     seen = {}
     for family in registry.collect():
         labels = {name for sample in family.samples for name in sample.labels if name != "le"}
@@ -204,22 +202,6 @@ def test_each_part_of_the_prefill_path_is_timed_once_and_read_back_per_batch():
     # A reply without times (an older prefill side, an error) still counts what the decode side saw.
     bare = PrefillResult(seq=1, next_token_ids=[], logits_output=None, forward_ms=0.0)
     assert set(prefill_path_parts(inflight, bare, 2.0, 2.5)) == {"schedule", "result"}
-
-
-def test_results_read_early_for_a_reply_are_counted_by_whether_it_came():
-    stats, registry = _stats()
-    before = gpu_share.parse_counters(_exposition(registry))
-    for taken in (True, True, False):
-        stats.record_early_read(reply_taken=taken)
-    after = gpu_share.parse_counters(_exposition(registry))
-    assert (after["early_result_reads.taken"], after["early_result_reads.not_yet"]) == (2, 1)
-    costs = gpu_share.ModelCosts(1.0, 1.0, 1.0, 1.0)
-    share = gpu_share.shares(before, after, costs, duration_s=1.0)
-    assert share["early_result_reads"] == {"taken": 2, "not_yet": 1}
-    table = gpu_share.share_table({"edgeacc": {"workloads": {"poisson_8": {"gpu_share": share}}}})
-    assert table.splitlines()[-1].endswith("| 3 (2) |"), table
-    # A workload with none (upstream, or steps that leave slack) says so.
-    assert "early_result_reads" not in gpu_share.shares(after, after, costs, duration_s=1.0)
 
 
 def test_upstreams_first_token_stages_are_read_from_its_histograms():

@@ -28,7 +28,6 @@ never gets to use.
 
 from __future__ import annotations
 
-import enum
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -49,14 +48,6 @@ MAX_UNPROCESSED = 2
 
 def _aimed_gap_s(itl_slo_ms: float) -> float:
     return max(0.0, itl_slo_ms) * TARGET_SHARE / 1000.0
-
-
-class Paced(enum.Enum):
-    """What the decode loop does after pacing."""
-
-    STEP = "launch the next decode step"
-    ROUND = "go round: merge the reply or admit the request, hand over the next batch, then the step"
-    REPLY_READ_EARLY = "go round: merge the reply read early and launch the step; the next batch after it"
 
 
 @dataclass(frozen=True)
@@ -102,16 +93,6 @@ class DecodePacer:
         the next step's launch ahead of the last one's result (the overlap schedule).
         """
         return self.enabled and prefill_busy and self.predicted_step_s() < self.aim_s(prompts_waiting)
-
-    def reply_due_during_step(self, reply_due_at: Optional[float]) -> bool:
-        """Whether a prefill reply is due before the step on the device ends (``reply_eta``).
-
-        The loop then reads that step's result before it launches the next, so the reply, taken
-        while it reads, joins the next step. A reply already overdue is due any moment: also then.
-        """
-        if not self.enabled or reply_due_at is None or not self._launched:
-            return False
-        return reply_due_at <= self._launched[-1] + self.predicted_step_s()
 
     def predicted_step_s(self) -> float:
         """How long the next step beside a prefill should take: the longest of the recent ones."""

@@ -28,13 +28,12 @@ from sglang.srt.runtime_context import get_device, get_model, get_parallel
 
 from sglang_edgeacc.edge_acc_server import pacing_target, roles, upstream_mirror
 from sglang_edgeacc.edge_acc_server.batch_codec import PrefillBatchNotSendable, UnsendablePart, pack_prefill_batch
-from sglang_edgeacc.edge_acc_server.decode_pacing import DecodePacer, Paced
+from sglang_edgeacc.edge_acc_server.decode_pacing import DecodePacer
 from sglang_edgeacc.edge_acc_server.decode_step_times import DecodeStepClock, GcTimer
 from sglang_edgeacc.edge_acc_server.graph_phases import skip_unused_graph_phase
 from sglang_edgeacc.edge_acc_server.long_gaps import LongGapLog
 from sglang_edgeacc.edge_acc_server.metrics import EdgeAccStats
 from sglang_edgeacc.edge_acc_server.prefill_link import InflightPrefill, PrefillLink
-from sglang_edgeacc.edge_acc_server.reply_eta import ReplyEta
 from sglang_edgeacc.edge_acc_server.messages import PrefillResult
 from sglang_edgeacc.edge_acc_server.scheduler import EdgeAccSchedulerBase
 from sglang_edgeacc.edge_acc_server.server_info import (
@@ -163,7 +162,6 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         self.decode_clock = DecodeStepClock(gc_timer=GcTimer())
         self.long_gaps = LongGapLog(flags.edge_acc_itl_slo_ms, self._edge_log_prefix, stacks=True)
         self.decode_pacer = DecodePacer(flags.edge_acc_itl_slo_ms if flags.edge_acc_decode_pacing == "on" else 0.0)
-        self.reply_eta = ReplyEta()
         self._edge_spawn_after_capture = False
         # Prefill batches whose first tokens went out while a decode step ran, merged at the top of the loop.
         self._edge_unmerged: deque = deque()
@@ -327,7 +325,6 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         self._edge_steps_alone = self.prefill_link.replies_taken_alone and not self.require_mlp_sync
         self._edge_wake_sockets = self._edge_request_sockets() if self._edge_steps_alone else ()
         logger.info("%s decode loop, overlap schedule %s", self._edge_log_prefix(), "on" if overlap else "off")
-        hand_over_now = True
         try:
             while not self.gracefully_exit:
                 # Before anything else reads the queues: an abort must find these requests running.
@@ -344,17 +341,13 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
                 self.prefill_link.check_alive()
                 self.edge_acc_stats.record_queues(len(self.waiting_queue), self.running_batch.batch_size())
                 self._edge_collect_prefill()
-                if hand_over_now and not self.prefill_link.full:
+                if not self.prefill_link.full:
                     self._edge_dispatch_prefill()
                 self.decode_clock.mark("prefill hand-off")
                 paced = self._edge_pace()
                 self.decode_clock.mark("pacing")
-                if paced is not Paced.STEP:
-                    # A reply or a request came: merge or admit it first. The next batch is handed over
-                    # before this step, unless the step waits on the host for it (``Paced.REPLY_READ_EARLY``).
-                    hand_over_now = paced is Paced.ROUND
-                    continue
-                hand_over_now = True
+                if not paced:
+                    continue  # a prefill reply came during the wait: hand over the next batch first
 
                 batch = self._edge_next_decode_batch()
                 self.decode_clock.mark("decode batch")
@@ -415,65 +408,32 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         candidates = (self.recv_from_tokenizer, self.ipc_channels.recv_from_rpc)
         return tuple(socket for socket in candidates if isinstance(socket, zmq.Socket))
 
-    def _edge_pace(self) -> Paced:
+    def _edge_pace(self) -> bool:
         """Wait before the next decode step while the prefill side has a batch (``decode_pacing``).
 
-        Where steps leave no slack, no step waits, but the last step's result is still read before
-        the next launch where the next prefill reply is due while that step runs (``reply_eta``).
-        Returns ``Paced.ROUND`` when a prefill reply or a new request ended the wait, so the loop
+        Returns False when a prefill reply or a new request ended the wait, so the loop
         takes the reply or admits the request and hands over the next batch before this
         step (the wait goes on after it, from the same last step). A wait ends early only
         where this rank steps alone; elsewhere it runs out (the decode forward after it
         brings the ranks together).
         """
         if not self.decode_pacer.paces(self.prefill_link.busy, self._edge_prompts_waiting()):
-            if self._edge_reply_due_during_step():
-                # No wait, but the last step's result first: a reply taken while it is read joins the
-                # next step, not the one after it (reply_eta says why).
-                self._edge_read_last_results()
-                self.edge_acc_stats.record_early_read(reply_taken=bool(self._edge_unmerged))
-                if not self._edge_unmerged:
-                    return Paced.STEP
-                # The device waits for this step while the host works: where the prefill side still
-                # has a batch, the next one would only queue behind it, so it is handed over after
-                # the launch, its host work beside the step. An idle prefill side gets it first: handed
-                # over after the launch, its fence would make it wait for the step.
-                return Paced.REPLY_READ_EARLY if self.prefill_link.busy else Paced.ROUND
-            return Paced.STEP
-        # The wait counts from the last step's result, so its tokens go out first.
-        self._edge_read_last_results()
-        if self._edge_unmerged:
-            return Paced.ROUND  # a reply taken meanwhile: merged, and the next batch handed over, before this step
-        wait_s = self.decode_pacer.next_step(self.prefill_link.busy, self._edge_prompts_waiting()).wait_s
-        if wait_s <= 0:
-            return Paced.STEP
-        if self._edge_steps_alone:
-            woken = self.prefill_link.wait_readable(max(1, round(wait_s * 1000)), also=self._edge_wake_sockets)
-            return Paced.ROUND if woken else Paced.STEP
-        time.sleep(wait_s)
-        return Paced.STEP
-
-    def _edge_read_last_results(self) -> None:
-        """Process the steps launched and not yet read; a prefill reply that comes meanwhile is taken.
-
-        Under the overlap schedule upstream's last_batch is the batch whose result is still queued
-        (a retracting pause takes it from the queue): with its result out, there is none.
-        """
+            return True
+        # The wait counts from the last step's result, so its tokens go out first. Under the
+        # overlap schedule upstream's last_batch is the batch whose result is still queued
+        # (a retracting pause takes it from the queue): with its result out, there is none.
         while self.result_queue:
             self._edge_process_decode_result(*self.result_queue.popleft())
         self.last_batch = None
-
-    def _edge_reply_due_during_step(self) -> bool:
-        """Whether the next prefill reply is due while the step launched last is still on the device.
-
-        Only where this rank takes replies alone (taking one while a step runs is otherwise a
-        collective) and a step's result is still queued (the overlap schedule).
-        """
-        oldest = self.prefill_link.oldest
-        if oldest is None or not self.result_queue or not self._edge_steps_alone:
-            return False
-        due = self.reply_eta.due_at(oldest.sent_at, oldest.batch.extend_num_tokens or 0)
-        return self.decode_pacer.reply_due_during_step(due)
+        if self._edge_unmerged:
+            return False  # a reply taken meanwhile: merged, and the next batch handed over, before this step
+        wait_s = self.decode_pacer.next_step(self.prefill_link.busy, self._edge_prompts_waiting()).wait_s
+        if wait_s <= 0:
+            return True
+        if self._edge_steps_alone:
+            return not self.prefill_link.wait_readable(max(1, round(wait_s * 1000)), also=self._edge_wake_sockets)
+        time.sleep(wait_s)
+        return True
 
     def _edge_prompts_waiting(self) -> bool:
         """Whether a prompt waits behind the prefill batch in flight: queued, in a second batch in
@@ -625,8 +585,6 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
 
         taken_at = time.monotonic()
         batch = inflight.batch
-        self.reply_eta.replied(inflight.sent_at, batch.extend_num_tokens or 0,
-                               reply.times.done_at if reply.times is not None else taken_at)
         # Counted before result processing and the merge change the batch.
         tokens = pairs = 0
         if self.edge_acc_stats.enabled:

@@ -105,12 +105,6 @@ class EdgeAccStats:
                 "(requests, prefill hand-off, pacing, decode batch, decode launch, decode results, garbage "
                 "collection); the parts of a step add up to its time.", names + ["beside_prefill", "part"],
             ),
-            "early_reads": Counter(
-                "sglang_edgeacc_early_result_reads",
-                "Decode results read before the next launch where steps leave no slack, because a prefill "
-                "reply was due while the step ran; reply: whether it came while the result was read.",
-                names + ["reply"],
-            ),
             "sm_percent": Gauge(
                 "sglang_edgeacc_sm_percent", "Configured SM share of each side.", names + ["side"],
                 multiprocess_mode="mostrecent",
@@ -161,11 +155,6 @@ class EdgeAccStats:
                 series = self._prometheus["decode_parts"].labels(**self._labels, beside_prefill=beside, part=part)
                 self._part_series[(beside, part)] = series
             series.inc(max(0.0, part_s))
-
-    def record_early_read(self, reply_taken: bool) -> None:
-        """A step's result read before the next launch for a reply due during it; whether the reply came."""
-        if self._prometheus:
-            self._prometheus["early_reads"].labels(**self._labels, reply="taken" if reply_taken else "not_yet").inc()
 
     def record_message(self, nbytes: int) -> None:
         self.last_message_bytes = nbytes

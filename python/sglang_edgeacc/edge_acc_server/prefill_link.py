@@ -119,11 +119,6 @@ class PrefillLink:
         """The batches sent and not merged yet, oldest first."""
         return [entry.batch for entry in self._inflight]
 
-    @property
-    def oldest(self) -> Optional[InflightPrefill]:
-        """The batch whose reply comes next, if any."""
-        return self._inflight[0] if self._inflight else None
-
     # ----------------------------------------------------------------- start
     def prestart(self, device_type: str) -> None:
         """Start the prefill side's process now, with its environment; :meth:`spawn` gives it its start.
