@@ -26,8 +26,6 @@
 #                                 empty-unpatched on request; FAULTS_SOAK_S, default 300)
 #   start-failure                 tests/cpu/test_server_start.py in the real server on the GPU (EDGEACC_TEST_PLATFORM=cuda)
 #   codec                         tests.gpu.test_batch_codec_gpu: the next batch unpacks while a forward runs
-#   prefill-fence                 tests.gpu.test_prefill_fence_gpu: a prefill batch starts beside the decode step
-#                                 on the device unless that step gave KV back (the control waits for it)
 #   graph-copy                    tests.gpu.test_graph_input_copy_gpu: with EdgeAcc no graph-input copy compiles a
 #                                 kernel (upstream's small copy, the control, compiles; whether anew for misaligned sources is reported)
 #   bg+STEP                       STEP in the background, beside the steps after it (waited for at the end)
@@ -120,9 +118,6 @@ run_one() {  # index, kind, a, b
     codec)
       run_step "codec$i" 120 python3 -m tests.gpu.test_batch_codec_gpu
       cp "$WORK/logs/codec$i.log" "$OUT/codec$i.txt" 2>/dev/null ;;
-    prefill-fence)
-      run_step "prefill_fence$i" 120 python3 -m tests.gpu.test_prefill_fence_gpu
-      cp "$WORK/logs/prefill_fence$i.log" "$OUT/prefill_fence$i.txt" 2>/dev/null ;;
     mps-priority)
       run_step "mps_priority$i" "${MPS_PRIORITY_LIMIT_S:-150}" env CUDA_MPS_PIPE_DIRECTORY="$EDGEACC_SUITE_MPS_PIPE" \
         CUDA_MPS_LOG_DIRECTORY="$EDGEACC_SUITE_MPS_LOG" PYTHONPATH=python python3 -m benchmarks.latency_physics \

@@ -120,17 +120,6 @@ def prefill_start_after_capture(*, pool_resized_after_capture: bool, weights_loa
     return None
 
 
-def decode_steps_gave_kv_back(steps_in_flight) -> bool:
-    """Whether a request of a decode step still on the device has given its KV row back since its launch.
-
-    Such a step may still write KV into slots, and read a row, that a prefill batch scheduled now can
-    be given (a request that finished, was aborted or retracted while the step ran; a prefix the
-    tree took from it may hold the KV the step is writing). Otherwise every slot and row those steps
-    touch is held by the requests they serve, and the prefill side need not wait for them.
-    """
-    return any(not req.kv.holds_kv for batch in steps_in_flight for req in batch.reqs)
-
-
 def prefill_path_parts(inflight: InflightPrefill, reply: PrefillResult, taken_at: float,
                        processed_at: float) -> dict[str, float]:
     """Seconds a prefill batch spent in each part of its way, from scheduling until its result is processed."""
@@ -524,11 +513,7 @@ class DecodeSideScheduler(EdgeAccSchedulerBase):
         if batch is None:
             return
         upstream_mirror.before_forward(self, batch)
-        # Under the overlap schedule the step launched last is still on the device: beside it, not
-        # after it, unless it may write what this batch is given.
-        in_flight = [step for step, _ in self.result_queue]
-        written = self.prefill_link.signal_inputs(self.forward_stream,
-                                                  after_decode_steps=decode_steps_gave_kv_back(in_flight))
+        written = self.prefill_link.signal_inputs(self.forward_stream)
         packed = self._edge_pack(batch)
         self.prefill_link.send(batch, packed, written, scheduled_at)
         self.edge_acc_stats.record_message(len(packed))

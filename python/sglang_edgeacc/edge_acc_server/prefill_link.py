@@ -236,22 +236,18 @@ class PrefillLink:
                 f"with code {self._proc.exitcode}; shutting the server down"
             )
 
-    def signal_inputs(self, forward_stream, *, after_decode_steps: bool = True):
+    def signal_inputs(self, forward_stream):
         """A fence the prefill side waits on before its forward.
 
         It covers the batch's slots and req_to_token rows, written on the schedule
-        stream (which upstream's WAR barrier keeps behind the shared reads of the decode
-        step just launched), and, with ``after_decode_steps``, every decode step already
-        launched on the forward stream: a slot this batch reuses may have been freed by
-        a request that step still writes KV for (upstream's own order keeps that write
-        before the next forward of the same stream; the prefill side runs on another
-        stream, in another process). Without it the prefill starts beside those steps.
+        stream, and every decode step already launched on the forward stream: a slot
+        this batch reuses may have been freed by a request that step still writes
+        KV for (upstream's own order keeps that write before the next forward of the
+        same stream; the prefill side runs on another stream, in another process).
         """
         current = torch.cuda.current_stream() if torch.cuda.is_available() else None
         if forward_stream is None or current is None or self._fence.mode != "event":
             return self._fence.signal()
-        if not after_decode_steps:
-            return self._fence.signal(current)
         forward_stream.wait_stream(current)
         return self._fence.signal(forward_stream)
 
