@@ -31,6 +31,12 @@ H200_COPY_GBPS = 4300.0
 PREFILL_COUNTERS = ("prefill_tokens", "prefill_attention_pairs", "prefill_forward_seconds")
 DECODE_COUNTERS = ("decode_steps", "decode_step_seconds", "decode_step_requests", "decode_context_tokens")
 BESIDE = ("yes", "no")
+# Counters read per label value: the series (less prefix and _total) -> the key's first part, the labels after it.
+LABELLED_COUNTERS = {
+    "prefill_batches": ("prefill_batches", ()),
+    "prefill_path_seconds": ("prefill_path", ("part",)),
+    "decode_step_part_seconds": ("decode_part", ("beside_prefill", "part")),
+}
 
 PREFIX = "sglang_edgeacc_"
 # Upstream's own latency histograms, on both arms: a request's time to its first token, and the
@@ -56,6 +62,20 @@ def _upstream_sample(sample) -> str | None:
     return None
 
 
+def _edgeacc_key(sample) -> str | None:
+    """Where one of EdgeAcc's counter samples goes in :func:`parse_counters`' result, or None."""
+    if not sample.name.startswith(PREFIX) or not sample.name.endswith("_total"):
+        return None
+    name = sample.name[len(PREFIX):-len("_total")]
+    if name in LABELLED_COUNTERS:
+        first, labels = LABELLED_COUNTERS[name]
+        return ".".join([first, *(str(sample.labels.get(label)) for label in labels)])
+    if name in PREFILL_COUNTERS:
+        return name
+    beside = sample.labels.get("beside_prefill")
+    return f"{name}.{beside}" if name in DECODE_COUNTERS and beside in BESIDE else None
+
+
 def parse_counters(text: str) -> dict[str, float]:
     """EdgeAcc's work counters and upstream's first-token latencies from a ``/metrics`` page, summed over ranks.
 
@@ -69,32 +89,9 @@ def parse_counters(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            upstream = _upstream_sample(sample)
-            if upstream is not None:
-                out[upstream] = out.get(upstream, 0.0) + sample.value
-                continue
-            if sample.name == PREFIX + "prefill_path_seconds_total":
-                key = f"prefill_path.{sample.labels.get('part')}"
+            key = _upstream_sample(sample) or _edgeacc_key(sample)
+            if key is not None:
                 out[key] = out.get(key, 0.0) + sample.value
-                continue
-            if sample.name == PREFIX + "decode_step_part_seconds_total":
-                key = f"decode_part.{sample.labels.get('beside_prefill')}.{sample.labels.get('part')}"
-                out[key] = out.get(key, 0.0) + sample.value
-                continue
-            if sample.name == PREFIX + "prefill_batches_total":
-                out["prefill_batches"] = out.get("prefill_batches", 0.0) + sample.value
-                continue
-            if not sample.name.startswith(PREFIX) or not sample.name.endswith("_total"):
-                continue
-            name = sample.name[len(PREFIX):-len("_total")]
-            beside = sample.labels.get("beside_prefill")
-            if name in PREFILL_COUNTERS:
-                key = name
-            elif name in DECODE_COUNTERS and beside in BESIDE:
-                key = f"{name}.{beside}"
-            else:
-                continue
-            out[key] = out.get(key, 0.0) + sample.value
     return out
 
 
