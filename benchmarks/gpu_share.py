@@ -154,7 +154,7 @@ def shares(before: dict[str, float], after: dict[str, float], costs: ModelCosts,
             "steps": steps, "step_ms": seconds / steps * 1e3,
             "batch": delta.get(f"decode_step_requests.{beside}", 0.0) / steps,
             "gbps": gbps, "of_ceiling": gbps / gbps_ceiling,
-            "parts_ms": {key.split(".", 2)[2]: value / steps * 1e3 for key, value in sorted(delta.items())
+            "parts_ms": {key.split(".", 2)[2]: value / steps * 1e3 for key, value in delta.items()
                          if key.startswith(f"decode_part.{beside}.")},
         }
     return out

@@ -154,7 +154,7 @@ class EdgeAccStats:
             if series is None:
                 series = self._prometheus["decode_parts"].labels(**self._labels, beside_prefill=beside, part=part)
                 self._part_series[(beside, part)] = series
-            series.inc(max(0.0, part_s))
+            series.inc(part_s)
 
     def record_message(self, nbytes: int) -> None:
         self.last_message_bytes = nbytes
